@@ -1,0 +1,70 @@
+// Configuration: INI files with sections, every key overridable on the command line as
+// `--section.key value`. Each module declares its own keys (with default and meaning) into one
+// OptionTable and reads them back, typed and checked, from the parsed Options; core knows the
+// mechanism, not the keys.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dstrain {
+
+enum class OptionKind { kString, kInt, kFloat, kBool };
+
+struct OptionSpec {
+  std::string key;            // "train.steps"
+  OptionKind kind;
+  std::string default_value;  // as it would be written in an INI file
+  std::string help;
+};
+
+class OptionTable {
+ public:
+  void add(const std::string& key, OptionKind kind, const std::string& default_value,
+           const std::string& help);
+  const std::vector<OptionSpec>& specs() const { return specs_; }
+  const OptionSpec* find(const std::string& key) const;
+  // "  --train.steps N (=100)   meaning", grouped by section: what --help prints.
+  std::string help_text() const;
+
+ private:
+  std::vector<OptionSpec> specs_;
+};
+
+// Parsed values, all still text; the typed getters check and name the key on error.
+class Options {
+ public:
+  Options() = default;
+  Options(const OptionTable* table, std::map<std::string, std::string> values)
+      : table_(table), values_(std::move(values)) {}
+
+  const std::string& raw(const std::string& key) const;
+  std::string get_string(const std::string& key) const { return raw(key); }
+  int64_t get_int(const std::string& key, int64_t min_value, int64_t max_value = INT64_MAX) const;
+  double get_float(const std::string& key, double min_value, double max_value) const;
+  bool get_bool(const std::string& key) const;
+  std::string get_choice(const std::string& key, const std::vector<std::string>& choices) const;
+
+  // Derived values (a resolved parallel.dp, say) so that config.ini records what actually ran.
+  void set(const std::string& key, const std::string& value);
+  // Every key, grouped by section, in the table's order: a file `--config` can read back.
+  std::string to_ini() const;
+
+ private:
+  const OptionTable* table_ = nullptr;
+  std::map<std::string, std::string> values_;
+};
+
+// Command line (highest precedence) over the INI file named by `--config` over the defaults.
+// Throws Error(kUsage) naming the file or option for unknown keys, missing values and the like.
+// `--help` is reported through `help_requested` instead of an error.
+struct ParsedCommandLine {
+  Options options;
+  bool help_requested = false;
+  std::string config_file;  // empty when none was given
+};
+ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args);
+
+}  // namespace dstrain

@@ -1,0 +1,74 @@
+// The tokenized corpus: one HDF5 file (README, "Corpus format").
+//
+//   /tokens        1-D, uint16 when the vocabulary fits in 16 bits, else uint32; documents one
+//                  after the other, each ending with the end-of-document token
+//   /doc_offsets   1-D uint64, n_documents + 1 entries: where each document starts; the last is
+//                  the number of tokens
+//   attributes on /: format = "dstrain-corpus", format_version, vocab_size, eod_id, tokenizer
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dstrain/data/h5.h"
+
+namespace dstrain {
+
+constexpr uint64_t kCorpusFormatVersion = 1;
+
+struct CorpusInfo {
+  std::string path;
+  uint64_t n_tokens = 0;
+  uint64_t n_documents = 0;
+  uint64_t vocab_size = 0;
+  uint64_t eod_id = 0;
+  std::string tokenizer;
+};
+
+// Streams documents into a new corpus file. The file appears under its name only when close()
+// succeeds (written as NAME.tmp, then renamed), so an interrupted prep never leaves a corpus
+// that looks complete, and never damages an older one of the same name.
+class CorpusWriter {
+ public:
+  CorpusWriter(const std::string& path, uint64_t vocab_size, uint64_t eod_id,
+               const std::string& tokenizer);
+  ~CorpusWriter();  // without close(): removes the temporary file
+
+  // Appends the tokens and an end-of-document token.
+  void add_document(const std::vector<uint32_t>& tokens);
+  CorpusInfo close();
+
+  uint64_t n_tokens() const { return n_tokens_ + pending_.size(); }
+  uint64_t n_documents() const { return offsets_.size() - 1; }
+
+ private:
+  void flush();
+
+  std::string path_, tmp_path_;
+  CorpusInfo info_;
+  h5::Handle file_, tokens_;
+  hid_t token_type_;
+  std::vector<uint32_t> pending_;
+  std::vector<uint64_t> offsets_{0};
+  uint64_t n_tokens_ = 0;  // already written to the file
+  bool closed_ = false;
+};
+
+// Read access by token range, safe to use from the prefetch thread.
+class CorpusReader {
+ public:
+  // Throws Error(kData) naming the file when it is not a readable dstrain corpus.
+  explicit CorpusReader(const std::string& path);
+
+  const CorpusInfo& info() const { return info_; }
+  // Tokens [offset, offset + count) as uint32 (hyperslab read).
+  void read(uint64_t offset, uint64_t count, uint32_t* out) const;
+  std::vector<uint64_t> read_doc_offsets() const;
+
+ private:
+  CorpusInfo info_;
+  h5::Handle file_, tokens_;
+};
+
+}  // namespace dstrain

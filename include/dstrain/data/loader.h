@@ -1,0 +1,64 @@
+// This DP rank's micro-batches, read ahead by a background thread.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "dstrain/data/corpus.h"
+#include "dstrain/data/sampler.h"
+
+namespace dstrain {
+
+struct LoaderOptions {
+  uint64_t seq_len = 0;
+  BatchLayout layout{};
+  uint64_t seed = 0;
+  bool shuffle = true;
+  uint64_t model_vocab = 0;   // a token id at or above it is a data error
+  size_t prefetch_depth = 4;  // micro-batches read ahead
+};
+
+// Number of samples of seq_len + 1 tokens a corpus of n_tokens holds.
+uint64_t samples_in_corpus(uint64_t n_tokens, uint64_t seq_len);
+
+class DataLoader {
+ public:
+  // Starts at the first micro-batch of `start_step`. Throws Error(kData) when the corpus has
+  // fewer samples than one global batch.
+  DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
+             uint64_t start_step);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // The next micro-batch, int64 [micro_batch, seq_len + 1]; step by step, micro-batch by
+  // micro-batch. Rethrows a read error of the prefetch thread.
+  torch::Tensor next();
+  // Global samples consumed by the completed steps: the loader's whole state.
+  uint64_t consumed_samples() const;
+
+ private:
+  torch::Tensor read_micro_batch(uint64_t step, uint64_t micro);
+  void prefetch_loop();
+
+  std::shared_ptr<const CorpusReader> corpus_;
+  LoaderOptions options_;
+  GlobalSampler sampler_;  // used by the prefetch thread only
+  uint64_t taken_ = 0;     // micro-batches handed out
+  uint64_t start_step_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<torch::Tensor> ready_;
+  std::exception_ptr failure_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dstrain

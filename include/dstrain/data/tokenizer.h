@@ -1,0 +1,35 @@
+// Text → token ids. Corpora record the tokenizer's name so that a model and its data agree.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dstrain {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string name() const = 0;
+  virtual uint32_t vocab_size() const = 0;
+  virtual uint32_t eod_id() const = 0;
+  virtual std::vector<uint32_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<uint32_t>& ids) const = 0;
+};
+
+// One token per byte (ids 0-255) and an end-of-document token (256): any byte string, valid
+// UTF-8 or not, round-trips exactly.
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::string name() const override { return "byte"; }
+  uint32_t vocab_size() const override { return 257; }
+  uint32_t eod_id() const override { return 256; }
+  std::vector<uint32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<uint32_t>& ids) const override;
+};
+
+// "byte" for now; Throws Error(kUsage) naming the option for anything else.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
+
+}  // namespace dstrain

@@ -1,0 +1,35 @@
+// Collectives and point-to-point transfers on torch tensors over one group of ranks. The trainer,
+// optimizer and pipeline speak only this interface; MPI (CPU) and NCCL (GPU) implement it.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <memory>
+#include <string>
+
+namespace dstrain {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // In place on a contiguous tensor; every rank ends with the same result.
+  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  // `input` holds size() equal chunks along dim 0; rank r receives the reduction of chunk r.
+  virtual void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) = 0;
+  // `output` receives every rank's `input`, concatenated along dim 0 in rank order.
+  virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  // Shapes and dtypes are agreed beforehand (fixed by the config): no metadata travels.
+  virtual void send(const torch::Tensor& tensor, int peer) = 0;
+  virtual void recv(torch::Tensor& tensor, int peer) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,37 @@
+// The MPI backend: blocking MPI collectives on CPU tensors.
+#pragma once
+
+#include <mpi.h>
+
+#include "dstrain/dist/communicator.h"
+
+namespace dstrain {
+
+class MpiCommunicator : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD/SELF).
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
+  void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
+  void broadcast(torch::Tensor& tensor, int root) override;
+  void send(const torch::Tensor& tensor, int peer) override;
+  void recv(torch::Tensor& tensor, int peer) override;
+  void barrier() override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,49 @@
+// MPI start-up and the communicators of this rank's place in the DP × PP grid.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dstrain/dist/mpi_communicator.h"
+#include "dstrain/dist/rank_grid.h"
+
+namespace dstrain {
+
+// MPI_Init_thread on construction, MPI_Finalize on destruction. Only the main thread calls MPI.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+struct ParallelContext {
+  RankGrid grid;
+  int world_rank;
+  GridCoord coord;
+  std::unique_ptr<MpiCommunicator> world;
+  std::unique_ptr<MpiCommunicator> dp_group;  // same stage, every data shard
+  std::unique_ptr<MpiCommunicator> pp_group;  // same data shard, every stage
+
+  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid.
+  static ParallelContext create(const RankGrid& grid);
+};
+
+// After a phase in which any rank may fail on its own (opening files, say), every rank learns the
+// worst exit code, so that nobody waits forever on a rank that has given up, and which rank
+// should tell the user (the lowest failing one: one message, not one per rank).
+struct FailureAgreement {
+  int exit_code = 0;     // 0: every rank succeeded
+  int reporter = -1;     // world rank that prints its message
+};
+FailureAgreement agree_on_failure(int local_exit_code);
+
+}  // namespace dstrain

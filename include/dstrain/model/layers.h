@@ -1,0 +1,59 @@
+// The building blocks of a dense DeepSeek-LLM decoder layer, named as in Hugging Face
+// checkpoints (self_attn.q_proj, mlp.gate_proj, input_layernorm, ...).
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include "dstrain/model/model_config.h"
+#include "dstrain/model/rope.h"
+
+namespace dstrain {
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::Tensor weight_;
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Causal self-attention with RoPE; grouped-query when num_kv_heads < num_heads.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(Attention);
+
+// down_proj(silu(gate_proj(x)) * up_proj(x))
+class SwiGLUImpl : public torch::nn::Module {
+ public:
+  SwiGLUImpl(int64_t hidden, int64_t intermediate);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+// x + attn(norm(x)), then h + mlp(norm(h)).
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+
+ private:
+  RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  Attention self_attn_{nullptr};
+  SwiGLU mlp_{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+}  // namespace dstrain

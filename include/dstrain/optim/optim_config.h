@@ -1,0 +1,22 @@
+// The [optim] section: AdamW, the learning-rate schedule and gradient clipping.
+#pragma once
+
+#include <cstdint>
+
+#include "dstrain/core/config.h"
+
+namespace dstrain {
+
+struct OptimConfig {
+  double lr = 3e-4, min_lr = 3e-5;
+  int64_t warmup_steps = 0;
+  int64_t decay_steps = 0;  // 0: train.steps
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+void add_optim_options(OptionTable& table);
+OptimConfig read_optim_config(const Options& options);
+
+}  // namespace dstrain

@@ -1,0 +1,59 @@
+// Everything `dstrain train` reads: the option table of every module and the typed, checked
+// configuration of one run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dstrain/core/config.h"
+#include "dstrain/dist/parallel_config.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/optim/optim_config.h"
+
+namespace dstrain {
+
+struct RunConfig {
+  std::string dir;
+  uint64_t seed = 0;
+};
+
+struct LoopConfig {
+  int64_t steps = 0;
+  int64_t micro_batch = 0;
+  int64_t grad_accum = 0;   // resolved: never 0 after read_train_config
+  int64_t global_batch = 0; // sequences per step: micro_batch × grad_accum × dp
+  int64_t seq_len = 0;
+  int64_t eval_interval = 0;
+  int64_t eval_batches = 0;
+  int threads = 1;
+};
+
+struct DataConfig {
+  std::string train, valid;
+  int64_t prefetch = 4;
+};
+
+struct LogConfig {
+  int64_t interval = 1;
+  bool all_ranks = false;
+};
+
+struct TrainConfig {
+  RunConfig run;
+  ModelConfig model;
+  ParallelConfig parallel;
+  LoopConfig loop;
+  OptimConfig optim;
+  DataConfig data;
+  LogConfig log;
+};
+
+// The whole option table of `dstrain train`, every section.
+OptionTable train_option_table();
+
+// Typed and checked; derived values (parallel.dp, train.grad_accum, train.global_batch,
+// optim.decay_steps) are written back into `options` so that config.ini records what ran.
+// Throws Error(kUsage) naming the key, its value and what is allowed.
+TrainConfig read_train_config(Options& options, int world_size);
+
+}  // namespace dstrain

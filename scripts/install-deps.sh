@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages dstrain builds and runs with. Idempotent: when everything is
+# already there it only checks (dpkg-query) and returns in well under a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libtorch-dev                      # LibTorch 1.13 (CPU); GPU hosts bring their own 2.x
+  libopenmpi-dev openmpi-bin        # MPI bootstrap and CPU collectives
+  libhdf5-openmpi-dev hdf5-tools    # parallel HDF5 (MPI-IO) for corpora and checkpoints; h5dump
+  libboost-program-options-dev      # INI + command-line configuration
+  nlohmann-json3-dev                # JSONL corpora and metrics
+  libgtest-dev                      # unit tests
+  base-files                        # /usr/share/common-licenses: the demo corpus text
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

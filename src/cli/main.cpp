@@ -1,0 +1,116 @@
+// dstrain: the command-line entry point. Each subcommand parses its options and hands over to
+// its module; errors become one message and a documented exit code (README, "Exit codes").
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dstrain/core/config.h"
+#include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
+#include "dstrain/data/prep.h"
+#include "dstrain/dist/parallel_context.h"
+#include "dstrain/train/train_config.h"
+#include "dstrain/train/trainer.h"
+
+namespace po = boost::program_options;
+using namespace dstrain;
+
+namespace {
+
+const char* kUsage =
+    "usage: dstrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train   train a model: mpirun -np N dstrain train --config input/demo.ini [--section.key value ...]\n"
+    "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
+    "\n"
+    "  dstrain <command> --help    the options of a command\n"
+    "  dstrain --version\n";
+
+int train_command(int argc, char** argv, const std::vector<std::string>& args) {
+  OptionTable table = train_option_table();
+  ParsedCommandLine parsed = parse_command_line(table, args);
+  if (parsed.help_requested) {
+    std::cout << "usage: [mpirun -np N] dstrain train [--config FILE.ini] [--section.key value ...]\n\n"
+                 "Every key can be set in the INI file (under [section]) or on the command line,\n"
+                 "which wins. Booleans: --key, --key true, --key=false.\n"
+              << table.help_text();
+    return 0;
+  }
+  MpiSession mpi(&argc, &argv);
+  log::configure(mpi.world_rank(), false);
+  run_training(parsed.options);
+  return 0;
+}
+
+int prep_command(const std::vector<std::string>& args) {
+  PrepOptions options;
+  po::options_description description("dstrain prep options");
+  description.add_options()
+      ("help,h", "this help")
+      ("input", po::value<std::vector<std::string>>(&options.inputs)->multitoken(),
+       "text files (one document each) or JSONL files (.jsonl: one document per line, field \"text\")")
+      ("output", po::value<std::string>(&options.output), "corpus file to write (HDF5)")
+      ("valid-fraction", po::value<double>(&options.valid_fraction)->default_value(0.0),
+       "fraction of documents for the validation split (every 1/F-th document), 0 to 0.5")
+      ("valid-output", po::value<std::string>(&options.valid_output),
+       "validation corpus file (default: OUTPUT with .valid before the extension)")
+      ("tokenizer", po::value<std::string>(&options.tokenizer)->default_value("byte"),
+       "tokenizer: byte (one token per byte, end-of-document 256)");
+  po::variables_map given;
+  try {
+    po::store(po::command_line_parser(args).options(description).run(), given);
+    po::notify(given);
+  } catch (const po::error& e) {
+    throw Error(ExitCode::kUsage, std::string("prep: ") + e.what() + " (see dstrain prep --help)");
+  }
+  if (given.count("help")) {
+    std::cout << "usage: dstrain prep --input FILE... --output corpus.h5 [--valid-fraction F]\n\n"
+              << description;
+    return 0;
+  }
+  PrepSummary summary = run_prep(options);
+  const double mb = static_cast<double>(summary.input_bytes) / 1e6;
+  std::printf("wrote %s: %llu documents, %llu tokens (tokenizer %s, vocabulary %llu)\n",
+              summary.train.path.c_str(), static_cast<unsigned long long>(summary.train.n_documents),
+              static_cast<unsigned long long>(summary.train.n_tokens), summary.train.tokenizer.c_str(),
+              static_cast<unsigned long long>(summary.train.vocab_size));
+  if (summary.valid.n_documents > 0)
+    std::printf("wrote %s: %llu documents, %llu tokens\n", summary.valid.path.c_str(),
+                static_cast<unsigned long long>(summary.valid.n_documents),
+                static_cast<unsigned long long>(summary.valid.n_tokens));
+  std::printf("%.2f MB of text in %.2f s (%.1f MB/s)\n", mb, summary.seconds,
+              summary.seconds > 0 ? mb / summary.seconds : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    if (!args.empty()) std::cout << "\noptions of dstrain train:\n" << train_option_table().help_text();
+    return args.empty() ? static_cast<int>(ExitCode::kUsage) : 0;
+  }
+  if (args[0] == "--version") {
+    std::cout << "dstrain " << DSTRAIN_VERSION << "\n";
+    return 0;
+  }
+  const std::string command = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (command == "train") return train_command(argc, argv, rest);
+    if (command == "prep") return prep_command(rest);
+    throw Error(ExitCode::kUsage, "unknown command '" + command + "' (commands: train, prep; see dstrain --help)");
+  } catch (const Error& e) {
+    if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    log::error("internal error: ", e.what());
+    return static_cast<int>(ExitCode::kInternal);
+  }
+}

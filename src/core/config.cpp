@@ -1,0 +1,207 @@
+#include "dstrain/core/config.h"
+
+#include <boost/program_options.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+#include "dstrain/core/error.h"
+
+namespace po = boost::program_options;
+
+namespace dstrain {
+namespace {
+
+const char* kind_placeholder(OptionKind kind) {
+  switch (kind) {
+    case OptionKind::kString: return "TEXT";
+    case OptionKind::kInt: return "N";
+    case OptionKind::kFloat: return "X";
+    case OptionKind::kBool: return "BOOL";
+  }
+  return "";
+}
+
+bool parse_bool_literal(const std::string& text, bool* value) {
+  static const std::set<std::string> truthy = {"true", "1", "yes", "on"};
+  static const std::set<std::string> falsy = {"false", "0", "no", "off"};
+  if (truthy.count(text)) { *value = true; return true; }
+  if (falsy.count(text)) { *value = false; return true; }
+  return false;
+}
+
+std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
+
+po::options_description make_description(const OptionTable& table) {
+  po::options_description description;
+  description.add_options()("help,h", "")("config", po::value<std::string>(), "");
+  for (const OptionSpec& spec : table.specs()) {
+    auto* value = po::value<std::string>();
+    // A bare `--log.all_ranks` means true; `--log.all_ranks false` is joined in by the caller.
+    if (spec.kind == OptionKind::kBool) value->implicit_value("true");
+    description.add_options()(spec.key.c_str(), value, spec.help.c_str());
+  }
+  return description;
+}
+
+// Boost does not let an option with an implicit value take its value from the next token;
+// join `--flag false` into `--flag=false` so that booleans read like every other option.
+std::vector<std::string> join_bool_values(const OptionTable& table,
+                                          const std::vector<std::string>& args) {
+  std::vector<std::string> joined;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    bool literal = false;
+    if (arg.rfind("--", 0) == 0 && arg.find('=') == std::string::npos && i + 1 < args.size()) {
+      const OptionSpec* spec = table.find(arg.substr(2));
+      if (spec && spec->kind == OptionKind::kBool && parse_bool_literal(args[i + 1], &literal)) {
+        joined.push_back(arg + "=" + args[i + 1]);
+        ++i;
+        continue;
+      }
+    }
+    joined.push_back(arg);
+  }
+  return joined;
+}
+
+}  // namespace
+
+void OptionTable::add(const std::string& key, OptionKind kind, const std::string& default_value,
+                      const std::string& help) {
+  if (key.find('.') == std::string::npos || find(key))
+    throw Error(ExitCode::kInternal, "option table: bad or duplicate key " + key);
+  specs_.push_back({key, kind, default_value, help});
+}
+
+const OptionSpec* OptionTable::find(const std::string& key) const {
+  for (const OptionSpec& spec : specs_)
+    if (spec.key == key) return &spec;
+  return nullptr;
+}
+
+std::string OptionTable::help_text() const {
+  std::ostringstream out;
+  std::string section;
+  for (const OptionSpec& spec : specs_) {
+    if (section_of(spec.key) != section) {
+      section = section_of(spec.key);
+      out << "\n[" << section << "]\n";
+    }
+    std::string left = "  --" + spec.key + " " + kind_placeholder(spec.kind) + " (=" +
+                       (spec.default_value.empty() ? "\"\"" : spec.default_value) + ")";
+    out << std::left << std::setw(44) << left;
+    if (left.size() >= 44) out << "\n" << std::string(44, ' ');
+    out << spec.help << "\n";
+  }
+  return out.str();
+}
+
+const std::string& Options::raw(const std::string& key) const {
+  auto it = values_.find(key);
+  if (it == values_.end()) throw Error(ExitCode::kInternal, "option not declared: " + key);
+  return it->second;
+}
+
+int64_t Options::get_int(const std::string& key, int64_t min_value, int64_t max_value) const {
+  const std::string& text = raw(key);
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    throw config_error(key, text, "expected an integer");
+  if (value < min_value || value > max_value) {
+    std::string range = max_value == INT64_MAX
+                            ? "at least " + std::to_string(min_value)
+                            : "between " + std::to_string(min_value) + " and " + std::to_string(max_value);
+    throw config_error(key, text, "expected an integer " + range);
+  }
+  return value;
+}
+
+double Options::get_float(const std::string& key, double min_value, double max_value) const {
+  const std::string& text = raw(key);
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value))
+    throw config_error(key, text, "expected a number");
+  if (value < min_value || value > max_value) {
+    std::ostringstream range;
+    range << "expected a number between " << min_value << " and " << max_value;
+    throw config_error(key, text, range.str());
+  }
+  return value;
+}
+
+bool Options::get_bool(const std::string& key) const {
+  bool value = false;
+  if (!parse_bool_literal(raw(key), &value))
+    throw config_error(key, raw(key), "expected true or false");
+  return value;
+}
+
+std::string Options::get_choice(const std::string& key, const std::vector<std::string>& choices) const {
+  const std::string& text = raw(key);
+  for (const std::string& choice : choices)
+    if (text == choice) return text;
+  std::string allowed;
+  for (const std::string& choice : choices) allowed += (allowed.empty() ? "" : ", ") + choice;
+  throw config_error(key, text, "expected one of: " + allowed);
+}
+
+void Options::set(const std::string& key, const std::string& value) {
+  raw(key);  // must be a declared key
+  values_[key] = value;
+}
+
+std::string Options::to_ini() const {
+  std::ostringstream out;
+  std::string section;
+  for (const OptionSpec& spec : table_->specs()) {
+    std::string key_section = section_of(spec.key);
+    if (key_section != section) {
+      out << (section.empty() ? "" : "\n") << "[" << key_section << "]\n";
+      section = key_section;
+    }
+    out << spec.key.substr(key_section.size() + 1) << " = " << raw(spec.key) << "\n";
+  }
+  return out.str();
+}
+
+ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
+  po::options_description description = make_description(table);
+  po::variables_map given;
+  ParsedCommandLine parsed;
+  try {
+    po::store(po::command_line_parser(join_bool_values(table, args)).options(description).run(), given);
+  } catch (const po::error& e) {
+    throw Error(ExitCode::kUsage, std::string("command line: ") + e.what() +
+                                      " (see --help for the options and their defaults)");
+  }
+  parsed.help_requested = given.count("help") > 0;
+  if (given.count("config")) {
+    parsed.config_file = given["config"].as<std::string>();
+    std::ifstream file(parsed.config_file);
+    if (!file)
+      throw config_error("--config", parsed.config_file, "cannot open this file for reading");
+    try {
+      // Values already stored from the command line take precedence over the file.
+      po::store(po::parse_config_file(file, description, /*allow_unregistered=*/false), given);
+    } catch (const po::error& e) {
+      throw Error(ExitCode::kUsage, parsed.config_file + ": " + e.what() +
+                                        " (see --help for the keys each section takes)");
+    }
+  }
+  std::map<std::string, std::string> values;
+  for (const OptionSpec& spec : table.specs())
+    values[spec.key] = given.count(spec.key) ? given[spec.key].as<std::string>() : spec.default_value;
+  parsed.options = Options(&table, std::move(values));
+  return parsed;
+}
+
+}  // namespace dstrain

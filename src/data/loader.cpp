@@ -1,0 +1,95 @@
+#include "dstrain/data/loader.h"
+
+#include <vector>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+
+uint64_t samples_in_corpus(uint64_t n_tokens, uint64_t seq_len) {
+  return n_tokens > seq_len ? (n_tokens - 1) / seq_len : 0;
+}
+
+DataLoader::DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
+                       uint64_t start_step)
+    : corpus_(std::move(corpus)),
+      options_(options),
+      sampler_(samples_in_corpus(corpus_->info().n_tokens, options.seq_len), options.seed,
+               options.shuffle),
+      start_step_(start_step) {
+  uint64_t global_batch = options_.layout.global_batch();
+  if (sampler_.n_samples() < global_batch)
+    throw data_error(corpus_->info().path + ": " + std::to_string(corpus_->info().n_tokens) +
+                     " tokens make " + std::to_string(sampler_.n_samples()) + " samples of " +
+                     std::to_string(options_.seq_len + 1) + " tokens, fewer than one global batch (" +
+                     std::to_string(global_batch) + " samples)");
+  thread_ = std::thread([this] { prefetch_loop(); });
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
+  const uint64_t rows = options_.layout.micro_batch, width = options_.seq_len + 1;
+  std::vector<uint32_t> tokens(width);
+  torch::Tensor batch = torch::empty({static_cast<int64_t>(rows), static_cast<int64_t>(width)},
+                                     torch::kInt64);
+  int64_t* out = batch.data_ptr<int64_t>();
+  for (uint64_t row = 0; row < rows; ++row) {
+    uint64_t sample = sampler_.sample_at(options_.layout.position(step, micro, row));
+    uint64_t offset = sample * options_.seq_len;
+    corpus_->read(offset, width, tokens.data());
+    for (uint64_t i = 0; i < width; ++i) {
+      if (tokens[i] >= options_.model_vocab)
+        throw data_error(corpus_->info().path + ": token " + std::to_string(tokens[i]) +
+                         " at offset " + std::to_string(offset + i) +
+                         " is outside the model's vocabulary (model.vocab_size = " +
+                         std::to_string(options_.model_vocab) + ")");
+      out[row * width + i] = tokens[i];
+    }
+  }
+  return batch;
+}
+
+void DataLoader::prefetch_loop() {
+  const uint64_t grad_accum = options_.layout.grad_accum;
+  for (uint64_t produced = 0;; ++produced) {
+    torch::Tensor batch;
+    try {
+      batch = read_micro_batch(start_step_ + produced / grad_accum, produced % grad_accum);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_ = std::current_exception();
+      changed_.notify_all();
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return stopping_ || ready_.size() < options_.prefetch_depth; });
+    if (stopping_) return;
+    ready_.push_back(std::move(batch));
+    changed_.notify_all();
+  }
+}
+
+torch::Tensor DataLoader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !ready_.empty() || failure_; });
+  if (ready_.empty()) std::rethrow_exception(failure_);
+  torch::Tensor batch = std::move(ready_.front());
+  ready_.pop_front();
+  ++taken_;
+  changed_.notify_all();
+  return batch;
+}
+
+uint64_t DataLoader::consumed_samples() const {
+  return (start_step_ + taken_ / options_.layout.grad_accum) * options_.layout.global_batch();
+}
+
+}  // namespace dstrain

@@ -1,0 +1,76 @@
+#include "dstrain/model/layers.h"
+
+#include <cmath>
+
+#include "dstrain/core/torch_compat.h"
+
+namespace dstrain {
+namespace {
+
+torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight_ = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // Normalise in fp32 whatever the activation dtype: the mean of squares is where bf16 loses.
+  torch::Tensor x32 = x.to(torch::kFloat32);
+  torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight_ * normed.to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()) {
+  q_proj_ = register_module("q_proj", linear(c.hidden_size, num_heads_ * head_dim_));
+  k_proj_ = register_module("k_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
+  v_proj_ = register_module("v_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
+  o_proj_ = register_module("o_proj", linear(num_heads_ * head_dim_, c.hidden_size));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) {
+    return t.view({batch, seq, n, head_dim_}).transpose(1, 2);  // [B, n, S, d]
+  };
+  torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);
+  torch::Tensor k = apply_rope(heads(k_proj_(x), num_kv_heads_), rope);
+  torch::Tensor v = heads(v_proj_(x), num_kv_heads_);
+  if (num_kv_heads_ != num_heads_) {
+    // Key/value head j serves query heads j × group ... (j + 1) × group - 1, as in HF repeat_kv.
+    const int64_t group = num_heads_ / num_kv_heads_;
+    k = k.repeat_interleave(group, /*dim=*/1);
+    v = v.repeat_interleave(group, /*dim=*/1);
+  }
+  torch::Tensor out = compat::causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  return o_proj_(out.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}));
+}
+
+SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
+  gate_proj_ = register_module("gate_proj", linear(hidden, intermediate));
+  up_proj_ = register_module("up_proj", linear(hidden, intermediate));
+  down_proj_ = register_module("down_proj", linear(intermediate, hidden));
+}
+
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+  self_attn_ = register_module("self_attn", Attention(c));
+  mlp_ = register_module("mlp", SwiGLU(c.hidden_size, c.intermediate_size));
+  input_layernorm_ = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  torch::Tensor h = x + self_attn_(input_layernorm_(x), rope);
+  return h + mlp_(post_attention_layernorm_(h));
+}
+
+}  // namespace dstrain

@@ -1,0 +1,38 @@
+#include "dstrain/optim/optim_config.h"
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+
+void add_optim_options(OptionTable& t) {
+  t.add("optim.lr", OptionKind::kFloat, "3e-4", "peak learning rate, reached after the warmup");
+  t.add("optim.min_lr", OptionKind::kFloat, "3e-5", "learning rate at the end of the cosine decay");
+  t.add("optim.warmup_steps", OptionKind::kInt, "0", "steps of linear warmup from 0 to optim.lr");
+  t.add("optim.decay_steps", OptionKind::kInt, "0",
+        "step at which the cosine decay reaches min_lr (0: train.steps)");
+  t.add("optim.beta1", OptionKind::kFloat, "0.9", "AdamW first-moment decay");
+  t.add("optim.beta2", OptionKind::kFloat, "0.95", "AdamW second-moment decay");
+  t.add("optim.eps", OptionKind::kFloat, "1e-8", "AdamW epsilon");
+  t.add("optim.weight_decay", OptionKind::kFloat, "0.1",
+        "decoupled weight decay (matrices only; never norms)");
+  t.add("optim.grad_clip", OptionKind::kFloat, "1.0", "clip the global gradient norm to this (0: off)");
+}
+
+OptimConfig read_optim_config(const Options& o) {
+  OptimConfig c;
+  c.lr = o.get_float("optim.lr", 0.0, 10.0);
+  c.min_lr = o.get_float("optim.min_lr", 0.0, 10.0);
+  c.warmup_steps = o.get_int("optim.warmup_steps", 0);
+  c.decay_steps = o.get_int("optim.decay_steps", 0);
+  c.beta1 = o.get_float("optim.beta1", 0.0, 0.999999);
+  c.beta2 = o.get_float("optim.beta2", 0.0, 0.999999);
+  c.eps = o.get_float("optim.eps", 0.0, 1.0);
+  c.weight_decay = o.get_float("optim.weight_decay", 0.0, 10.0);
+  c.grad_clip = o.get_float("optim.grad_clip", 0.0, 1e9);
+  if (c.min_lr > c.lr)
+    throw config_error("optim.min_lr", o.raw("optim.min_lr"),
+                       "must not exceed optim.lr (" + o.raw("optim.lr") + ")");
+  return c;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,122 @@
+#include "dstrain/train/train_config.h"
+
+#include <filesystem>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+namespace {
+
+void add_run_options(OptionTable& t) {
+  t.add("run.dir", OptionKind::kString, "runs/default",
+        "run directory (created if missing): config.ini, metrics.jsonl, summary.json");
+  t.add("run.seed", OptionKind::kInt, "1234", "seed of initialisation and data order");
+}
+
+void add_loop_options(OptionTable& t) {
+  t.add("train.steps", OptionKind::kInt, "100", "optimizer steps to run");
+  t.add("train.micro_batch", OptionKind::kInt, "4", "sequences per micro-batch on each rank");
+  t.add("train.grad_accum", OptionKind::kInt, "0",
+        "micro-batches per step on each rank (0: from global_batch, or 1)");
+  t.add("train.global_batch", OptionKind::kInt, "0",
+        "sequences per step over all ranks (0: micro_batch × grad_accum × dp)");
+  t.add("train.seq_len", OptionKind::kInt, "128", "tokens per training sequence");
+  t.add("train.eval_interval", OptionKind::kInt, "100",
+        "evaluate on data.valid every N steps and at the end (0: only at the end)");
+  t.add("train.eval_batches", OptionKind::kInt, "8", "global batches per evaluation");
+  t.add("train.threads", OptionKind::kInt, "1", "torch CPU threads per rank");
+}
+
+void add_data_options(OptionTable& t) {
+  t.add("data.train", OptionKind::kString, "", "training corpus (HDF5, made by dstrain prep)");
+  t.add("data.valid", OptionKind::kString, "", "validation corpus (empty: no evaluation)");
+  t.add("data.prefetch", OptionKind::kInt, "4", "micro-batches read ahead by the loader thread");
+}
+
+void add_log_options(OptionTable& t) {
+  t.add("log.interval", OptionKind::kInt, "10", "print and record metrics every N steps");
+  t.add("log.all_ranks", OptionKind::kBool, "false", "every rank prints, prefixed with its rank");
+}
+
+void require_file(const Options& o, const std::string& key) {
+  const std::string& path = o.raw(key);
+  if (!std::filesystem::is_regular_file(path))
+    throw config_error(key, path, "no such file (make a corpus with `dstrain prep`)");
+}
+
+LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
+  LoopConfig c;
+  c.steps = o.get_int("train.steps", 1);
+  c.micro_batch = o.get_int("train.micro_batch", 1);
+  c.grad_accum = o.get_int("train.grad_accum", 0);
+  c.global_batch = o.get_int("train.global_batch", 0);
+  c.seq_len = o.get_int("train.seq_len", 1, model.max_seq_len);
+  c.eval_interval = o.get_int("train.eval_interval", 0);
+  c.eval_batches = o.get_int("train.eval_batches", 1);
+  c.threads = static_cast<int>(o.get_int("train.threads", 1, 1024));
+
+  const int64_t per_micro = c.micro_batch * dp;
+  const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +
+                              " × " + std::to_string(dp) + " = " + std::to_string(per_micro);
+  if (c.global_batch > 0) {
+    if (c.global_batch % per_micro != 0)
+      throw config_error("train.global_batch", o.raw("train.global_batch"),
+                         "must be a multiple of " + product);
+    int64_t derived = c.global_batch / per_micro;
+    if (c.grad_accum > 0 && c.grad_accum != derived)
+      throw config_error("train.grad_accum", o.raw("train.grad_accum"),
+                         "disagrees with train.global_batch = " + o.raw("train.global_batch") +
+                             " (which needs " + std::to_string(derived) + " with " + product + ")");
+    c.grad_accum = derived;
+  } else if (c.grad_accum == 0) {
+    c.grad_accum = 1;
+  }
+  c.global_batch = per_micro * c.grad_accum;
+  o.set("train.grad_accum", std::to_string(c.grad_accum));
+  o.set("train.global_batch", std::to_string(c.global_batch));
+  return c;
+}
+
+}  // namespace
+
+OptionTable train_option_table() {
+  OptionTable table;
+  add_run_options(table);
+  add_model_options(table);
+  add_parallel_options(table);
+  add_loop_options(table);
+  add_optim_options(table);
+  add_data_options(table);
+  add_log_options(table);
+  return table;
+}
+
+TrainConfig read_train_config(Options& o, int world_size) {
+  TrainConfig c;
+  c.run.dir = o.get_string("run.dir");
+  if (c.run.dir.empty()) throw config_error("run.dir", "", "give a directory for this run's files");
+  c.run.seed = static_cast<uint64_t>(o.get_int("run.seed", 0));
+  c.model = read_model_config(o);
+  c.parallel = read_parallel_config(o, world_size);
+  c.loop = read_loop_config(o, c.model, c.parallel.dp);
+  c.optim = read_optim_config(o);
+  if (c.optim.decay_steps == 0) {
+    c.optim.decay_steps = c.loop.steps;
+    o.set("optim.decay_steps", std::to_string(c.optim.decay_steps));
+  }
+  if (c.optim.warmup_steps > c.optim.decay_steps)
+    throw config_error("optim.warmup_steps", o.raw("optim.warmup_steps"),
+                       "must not exceed optim.decay_steps (" + std::to_string(c.optim.decay_steps) + ")");
+  c.data.train = o.get_string("data.train");
+  if (c.data.train.empty())
+    throw config_error("data.train", "", "give the training corpus (make one with `dstrain prep`)");
+  require_file(o, "data.train");
+  c.data.valid = o.get_string("data.valid");
+  if (!c.data.valid.empty()) require_file(o, "data.valid");
+  c.data.prefetch = o.get_int("data.prefetch", 1, 1024);
+  c.log.interval = o.get_int("log.interval", 1);
+  c.log.all_ranks = o.get_bool("log.all_ranks");
+  return c;
+}
+
+}  // namespace dstrain
