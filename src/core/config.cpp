@@ -175,31 +175,45 @@ std::string Options::to_ini() const {
 
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
   po::options_description description = make_description(table);
-  po::variables_map given;
   ParsedCommandLine parsed;
+  // The command line is read option by option so that a later `--key value` replaces an
+  // earlier one (wrapper scripts append overrides); Boost's store() would refuse the repeat.
+  std::map<std::string, std::string> given;
   try {
-    po::store(po::command_line_parser(join_bool_values(table, args)).options(description).run(), given);
+    po::parsed_options options =
+        po::command_line_parser(join_bool_values(table, args)).options(description).run();
+    for (const po::option& option : options.options) {
+      if (option.string_key == "help") {
+        parsed.help_requested = true;
+      } else if (option.string_key == "config") {
+        parsed.config_file = option.value.at(0);
+      } else {
+        given[option.string_key] = option.value.empty() ? "true" : option.value.front();  // bare bool
+      }
+    }
   } catch (const po::error& e) {
     throw Error(ExitCode::kUsage, std::string("command line: ") + e.what() +
                                       " (see --help for the options and their defaults)");
   }
-  parsed.help_requested = given.count("help") > 0;
-  if (given.count("config")) {
-    parsed.config_file = given["config"].as<std::string>();
+  if (!parsed.config_file.empty()) {
     std::ifstream file(parsed.config_file);
     if (!file)
       throw config_error("--config", parsed.config_file, "cannot open this file for reading");
+    po::variables_map from_file;
     try {
-      // Values already stored from the command line take precedence over the file.
-      po::store(po::parse_config_file(file, description, /*allow_unregistered=*/false), given);
+      po::store(po::parse_config_file(file, description, /*allow_unregistered=*/false), from_file);
     } catch (const po::error& e) {
       throw Error(ExitCode::kUsage, parsed.config_file + ": " + e.what() +
                                         " (see --help for the keys each section takes)");
     }
+    for (const auto& [key, value] : from_file)
+      if (!given.count(key)) given[key] = value.as<std::string>();
   }
   std::map<std::string, std::string> values;
-  for (const OptionSpec& spec : table.specs())
-    values[spec.key] = given.count(spec.key) ? given[spec.key].as<std::string>() : spec.default_value;
+  for (const OptionSpec& spec : table.specs()) {
+    auto it = given.find(spec.key);
+    values[spec.key] = it != given.end() ? it->second : spec.default_value;
+  }
   parsed.options = Options(&table, std::move(values));
   return parsed;
 }

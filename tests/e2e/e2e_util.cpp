@@ -1,0 +1,97 @@
+#include "e2e_util.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dstrain::e2e {
+
+namespace {
+
+std::string quote(const std::string& arg) {
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+RunOutput run_dstrain(int ranks, const std::vector<std::string>& args) {
+  // Test machines and containers often run as root, which mpirun refuses without these.
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  std::string command;
+  if (ranks > 0) command = std::string(MPIEXEC) + " -np " + std::to_string(ranks) + " --oversubscribe ";
+  command += DSTRAIN_EXE;
+  for (const std::string& arg : args) command += " " + quote(arg);
+  command += " 2>&1";
+  RunOutput result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string scratch_dir(const std::string& name) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / "dstrain-e2e" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+const TestCorpus& test_corpus() {
+  static TestCorpus corpus = [] {
+    std::string dir = scratch_dir("corpus-" + std::to_string(getpid()));
+    TestCorpus c{dir + "/licenses.h5", dir + "/licenses.valid.h5"};
+    std::vector<std::string> args = {"prep", "--output", c.train, "--valid-fraction", "0.25", "--input"};
+    for (const char* name : {"GPL-2", "GPL-3", "LGPL-2.1", "Apache-2.0", "MPL-2.0", "Artistic", "GFDL-1.3", "BSD"})
+      args.push_back(std::string("/usr/share/common-licenses/") + name);
+    RunOutput prep = run_dstrain(0, args);
+    if (prep.exit_code != 0) ADD_FAILURE() << "dstrain prep failed:\n" << prep.output;
+    return c;
+  }();
+  return corpus;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::vector<nlohmann::json> records;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+std::vector<nlohmann::json> train_records(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : read_jsonl(run_dir + "/metrics.jsonl"))
+    if (r.contains("loss")) out.push_back(r);
+  return out;
+}
+
+std::vector<nlohmann::json> eval_records(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : read_jsonl(run_dir + "/metrics.jsonl"))
+    if (r.contains("eval_loss")) out.push_back(r);
+  return out;
+}
+
+}  // namespace dstrain::e2e

@@ -1,0 +1,35 @@
+// Running the real dstrain executable (under mpirun) and reading back what it wrote.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace dstrain::e2e {
+
+struct RunOutput {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// `ranks` = 0 runs dstrain directly (no launcher); otherwise under mpirun -np ranks.
+RunOutput run_dstrain(int ranks, const std::vector<std::string>& args);
+
+// A scratch directory for one test, emptied first.
+std::string scratch_dir(const std::string& name);
+
+// The test corpus: Debian's license texts (base-files), prepared once per test process.
+struct TestCorpus {
+  std::string train, valid;
+};
+const TestCorpus& test_corpus();
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
+nlohmann::json read_json(const std::string& path);
+
+// Training records (those with "loss") and evaluation records (with "eval_loss") of a run dir.
+std::vector<nlohmann::json> train_records(const std::string& run_dir);
+std::vector<nlohmann::json> eval_records(const std::string& run_dir);
+
+}  // namespace dstrain::e2e

@@ -1,0 +1,133 @@
+// dstrain train end to end, on real mpirun ranks, checked through the files it writes.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+const std::string kTinyConfig = std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini";
+
+// A run of input/tiny.ini on the test corpus; extra arguments override.
+RunOutput train(int ranks, const std::string& run_dir, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--config", kTinyConfig, "--run.dir", run_dir,
+                                   "--data.train", test_corpus().train, "--data.valid", test_corpus().valid};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(ranks, args);
+}
+
+void expect_same_losses(const std::string& a, const std::string& b, double tolerance) {
+  auto ra = train_records(a), rb = train_records(b);
+  ASSERT_EQ(ra.size(), 20u);
+  ASSERT_EQ(rb.size(), ra.size());
+  for (size_t i = 0; i < ra.size(); ++i) {
+    EXPECT_EQ(ra[i]["step"], rb[i]["step"]);
+    EXPECT_NEAR(ra[i]["loss"].get<double>(), rb[i]["loss"].get<double>(), tolerance) << "step " << i + 1;
+    EXPECT_NEAR(ra[i]["grad_norm"].get<double>(), rb[i]["grad_norm"].get<double>(), 10 * tolerance)
+        << "step " << i + 1;
+  }
+  auto ea = eval_records(a), eb = eval_records(b);
+  ASSERT_EQ(ea.size(), 2u);  // steps 10 and 20
+  ASSERT_EQ(eb.size(), 2u);
+  for (size_t i = 0; i < ea.size(); ++i)
+    EXPECT_NEAR(ea[i]["eval_loss"].get<double>(), eb[i]["eval_loss"].get<double>(), tolerance);
+  // Not vacuous: the model learns.
+  EXPECT_LT(ra.back()["loss"].get<double>(), ra.front()["loss"].get<double>() - 0.5);
+}
+
+}  // namespace
+
+// Same seed and global batch: 2-rank data parallelism gives the loss of 1 rank at every step.
+TEST(Training, DataParallelMatchesOneRank) {
+  std::string one = scratch_dir("dp1"), two = scratch_dir("dp2");
+  RunOutput a = train(1, one, {"--train.micro_batch", "2", "--train.grad_accum", "2"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunOutput b = train(2, two, {"--train.micro_batch", "2", "--train.grad_accum", "1"});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  expect_same_losses(one, two, 1e-5);
+}
+
+TEST(Training, DataParallelWithGradientAccumulationMatchesOneRank) {
+  std::string one = scratch_dir("dp1-ga4"), two = scratch_dir("dp2-ga2");
+  RunOutput a = train(1, one, {"--train.micro_batch", "1", "--train.global_batch", "4"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunOutput b = train(2, two, {"--train.micro_batch", "1", "--train.global_batch", "4"});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(read_json(one + "/summary.json")["layout"]["dp"], 1);
+  EXPECT_EQ(read_json(two + "/summary.json")["layout"]["dp"], 2);
+  expect_same_losses(one, two, 1e-5);
+}
+
+TEST(Training, SameConfigAndSeedIsBitwiseReproducible) {
+  std::string first = scratch_dir("repro1"), second = scratch_dir("repro2"), other = scratch_dir("seed2");
+  ASSERT_EQ(train(2, first, {}).exit_code, 0);
+  ASSERT_EQ(train(2, second, {}).exit_code, 0);
+  auto a = read_jsonl(first + "/metrics.jsonl"), b = read_jsonl(second + "/metrics.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), 22u);  // 20 steps + 2 evaluations
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "eval_loss", "consumed_samples"})
+      EXPECT_EQ(a[i].value(key, nlohmann::json()), b[i].value(key, nlohmann::json())) << key << " record " << i;
+  std::string digest = read_json(first + "/summary.json")["param_digest"];
+  EXPECT_EQ(digest.size(), 16u);
+  EXPECT_EQ(digest, read_json(second + "/summary.json")["param_digest"].get<std::string>());
+
+  ASSERT_EQ(train(2, other, {"--run.seed", "99"}).exit_code, 0);
+  EXPECT_NE(digest, read_json(other + "/summary.json")["param_digest"].get<std::string>());
+}
+
+TEST(Training, RunDirectoryHoldsEffectiveConfigMetricsAndSummary) {
+  std::string dir = scratch_dir("rundir");
+  RunOutput run = train(2, dir + "/nested/run", {"--log.interval", "5"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("effective configuration"), std::string::npos);
+  EXPECT_NE(run.output.find("metrics: " + dir + "/nested/run/metrics.jsonl"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("step 20/20 | loss"), std::string::npos) << run.output;
+  auto records = train_records(dir + "/nested/run");
+  ASSERT_EQ(records.size(), 4u);  // steps 5, 10, 15, 20
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"})
+    EXPECT_TRUE(records[0].contains(key)) << key;
+  EXPECT_EQ(records[0]["consumed_samples"], 5 * 4);  // 5 steps × micro_batch 2 × dp 2
+
+  // config.ini records the resolved layout and reads back as a configuration.
+  std::ifstream ini(dir + "/nested/run/config.ini");
+  std::string text((std::istreambuf_iterator<char>(ini)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("[parallel]\ndp = 2\n"), std::string::npos) << text;
+  std::string again = scratch_dir("rundir-again");
+  RunOutput rerun = run_dstrain(2, {"train", "--config", dir + "/nested/run/config.ini", "--run.dir", again});
+  ASSERT_EQ(rerun.exit_code, 0) << rerun.output;
+  EXPECT_EQ(read_json(again + "/summary.json")["param_digest"],
+            read_json(dir + "/nested/run/summary.json")["param_digest"]);
+}
+
+TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
+  std::string dir = scratch_dir("errors");
+  struct Case {
+    int ranks;
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {2, {"--parallel.dp", "3"}, "parallel.dp = 3: dp × pp = 3 × 1 = 3 must equal the number of ranks (2)"},
+      {2, {"--model.num_heads", "3"}, "model.num_heads = 3: must divide model.hidden_size (32)"},
+      {2, {"--train.global_batch", "6"}, "train.global_batch = 6: must be a multiple of"},
+      {0, {"--data.train", dir + "/missing.h5"}, "data.train = " + dir + "/missing.h5: no such file"},
+      {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
+      {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
+      {0, {"--model.vocab_size", "100"}, "model.vocab_size = 100: smaller than the vocabulary"},
+  };
+  for (const Case& c : cases) {
+    RunOutput run = train(c.ranks, dir + "/run", c.args);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find(c.expected), std::string::npos) << "expected \"" << c.expected << "\" in:\n" << run.output;
+    // One message, not one per rank.
+    EXPECT_EQ(run.output.find("error:"), run.output.rfind("error:")) << run.output;
+    EXPECT_EQ(run.output.find("Traceback"), std::string::npos);
+  }
+  RunOutput usage = run_dstrain(0, {"trian"});
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_NE(usage.output.find("unknown command 'trian'"), std::string::npos) << usage.output;
+}
