@@ -3,7 +3,8 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <filesystem>
+
+#include "dstrain/core/files.h"
 
 namespace dstrain {
 namespace {
@@ -93,9 +94,8 @@ CorpusInfo CorpusWriter::close() {
   tokens_.reset();
   h5::check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), kCode, tmp_path_ + ": flushing");
   file_.reset();
-  std::error_code ec;
-  std::filesystem::rename(tmp_path_, path_, ec);
-  if (ec) throw data_error("cannot rename " + tmp_path_ + " to " + path_ + ": " + ec.message());
+  std::string why;
+  if (!files::rename(tmp_path_, path_, &why)) throw data_error("cannot rename " + tmp_path_ + " to " + path_ + ": " + why);
   closed_ = true;
   info_.n_tokens = n_tokens_;
   info_.n_documents = offsets_.size() - 1;

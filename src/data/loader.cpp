@@ -39,7 +39,7 @@ torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
   const uint64_t rows = options_.layout.micro_batch, width = options_.seq_len + 1;
   std::vector<uint32_t> tokens(width);
   torch::Tensor batch = torch::empty({static_cast<int64_t>(rows), static_cast<int64_t>(width)},
-                                     torch::kInt64);
+                                     torch::dtype(torch::kInt64).pinned_memory(options_.pin_memory));
   int64_t* out = batch.data_ptr<int64_t>();
   for (uint64_t row = 0; row < rows; ++row) {
     uint64_t sample = sampler_.sample_at(options_.layout.position(step, micro, row));

@@ -4,12 +4,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/tokenizer.h"
 
@@ -17,7 +17,7 @@ namespace dstrain {
 namespace {
 
 bool is_jsonl(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
+  std::string ext = files::extension(path);
   return ext == ".jsonl" || ext == ".json" || ext == ".ndjson";
 }
 
@@ -37,8 +37,8 @@ class Splitter {
 }  // namespace
 
 std::string default_valid_path(const std::string& output) {
-  std::filesystem::path path(output);
-  return (path.parent_path() / (path.stem().string() + ".valid" + path.extension().string())).string();
+  const std::string dir = files::parent(output);
+  return (dir.empty() ? "" : dir == "/" ? "/" : dir + "/") + files::stem(output) + ".valid" + files::extension(output);
 }
 
 PrepSummary run_prep(const PrepOptions& options) {
@@ -48,7 +48,7 @@ PrepSummary run_prep(const PrepOptions& options) {
     throw config_error("--valid-fraction", std::to_string(options.valid_fraction),
                        "expected a number between 0 and 0.5");
   for (const std::string& input : options.inputs)
-    if (!std::filesystem::is_regular_file(input)) throw data_error(input + ": no such input file");
+    if (!files::is_regular_file(input)) throw data_error(input + ": no such input file");
 
   auto started = std::chrono::steady_clock::now();
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);

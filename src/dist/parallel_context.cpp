@@ -1,8 +1,10 @@
 #include "dstrain/dist/parallel_context.h"
 
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/nccl_communicator.h"
 
 #include <climits>
+#include "dstrain/core/accelerator.h"
 
 namespace dstrain {
 
@@ -22,7 +24,62 @@ MpiSession::~MpiSession() {
   if (!finalized) MPI_Finalize();
 }
 
-ParallelContext ParallelContext::create(const RankGrid& grid) {
+std::string resolve_backend(const std::string& requested, const torch::Device& device) {
+#ifdef DSTRAIN_WITH_NCCL
+  const bool have_nccl = true;
+#else
+  const bool have_nccl = false;
+#endif
+  if (requested == "auto") return device.is_cuda() && have_nccl ? "nccl" : "mpi";
+  if (requested == "nccl" && !have_nccl)
+    throw config_error("comm.backend", requested,
+                       "this dstrain was built without NCCL (it needs a LibTorch with CUDA and NCCL); use mpi");
+  if (requested == "nccl" && !device.is_cuda())
+    throw config_error("comm.backend", requested, "NCCL needs GPUs; with train.device = cpu use mpi");
+  return requested;
+}
+
+namespace {
+
+// NCCL refuses two ranks of one communicator on the same GPU, and fails obscurely when it
+// finds out. Checked over the whole world, so that every rank fails alike or none does.
+void require_own_gpus(const torch::Device& device) {
+  const std::string mine = accel::device_uuid(device.index());
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  std::string all(mine.size() * static_cast<size_t>(size), '\0');
+  MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
+                          static_cast<int>(mine.size()), MPI_BYTE, MPI_COMM_WORLD));
+  auto uuid_of = [&](int r) { return all.substr(r * mine.size(), mine.size()); };
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b)
+      if (uuid_of(a) == uuid_of(b))
+        throw config_error("comm.backend", "nccl",
+                           "ranks " + std::to_string(a) + " and " + std::to_string(b) +
+                               " share one GPU, which NCCL does not allow; give each rank its own GPU "
+                               "or use comm.backend = mpi");
+}
+
+std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& backend,
+                                         const torch::Device& device, double timeout_s) {
+  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm);
+#ifdef DSTRAIN_WITH_NCCL
+  // NCCL keeps its own copy of the group; the MPI communicator is only needed to set it up.
+  std::unique_ptr<Communicator> nccl = make_nccl_communicator(comm, device, timeout_s);
+  MPI_CHECK(MPI_Comm_free(&comm));
+  return nccl;
+#else
+  (void)device;
+  (void)timeout_s;
+  throw Error(ExitCode::kInternal, "backend " + backend + " is not compiled in");
+#endif
+}
+
+}  // namespace
+
+ParallelContext ParallelContext::create(const RankGrid& grid, const std::string& backend,
+                                        const torch::Device& device, double timeout_s) {
+  if (backend == "nccl") require_own_gpus(device);
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   GridCoord coord = grid.coord(rank);
@@ -32,7 +89,7 @@ ParallelContext ParallelContext::create(const RankGrid& grid) {
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp, coord.dp, &dp));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.dp, coord.pp, &pp));
   return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world),
-                         std::make_unique<MpiCommunicator>(dp), std::make_unique<MpiCommunicator>(pp)};
+                         make_group(dp, backend, device, timeout_s), make_group(pp, backend, device, timeout_s)};
 }
 
 FailureAgreement agree_on_failure(int local_exit_code) {

@@ -17,12 +17,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight_ = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  // Normalise in fp32 whatever the activation dtype: the mean of squares is where bf16 loses.
-  torch::Tensor x32 = x.to(torch::kFloat32);
-  torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight_ * normed.to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_norm(x, weight_, eps_); }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()) {

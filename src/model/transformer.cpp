@@ -18,6 +18,9 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
     : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.head_dim(), c.rope_theta, c.rope_interleave)) {
+  // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
+  rope_.cos = register_buffer("rope_cos", rope_.cos);
+  rope_.sin = register_buffer("rope_sin", rope_.sin);
   if (slice.has_embedding)
     embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   // Layers keep their global index as their name, so a slice's names are the whole model's.
@@ -47,8 +50,10 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
-                                              targets.reshape({-1}));
+  // log-softmax in fp32 from bf16/fp16 logits in one kernel (and its backward back to the
+  // logits' dtype in one): no fp32 copy of the [tokens, vocabulary] logits is made.
+  torch::Tensor log_probs = torch::log_softmax(logits.reshape({-1, logits.size(-1)}), -1, torch::kFloat32);
+  return torch::nll_loss(log_probs, targets.reshape({-1}));
 }
 
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed) {

@@ -1,43 +1,33 @@
 #include "dstrain/optim/gradients.h"
 
-#include <cmath>
-
 namespace dstrain {
 
-void average_gradients(const NamedTensors& params, Communicator& dp_group) {
+void average_gradients(GradientBuffer& buffer, Communicator& dp_group, torch::ScalarType wire_dtype) {
   if (dp_group.size() == 1) return;
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& [name, param] : params) {
-    if (!param.grad().defined()) param.mutable_grad() = torch::zeros_like(param);
-    grads.push_back(param.grad());
+  torch::Tensor& flat = buffer.flat();
+  if (wire_dtype == flat.scalar_type()) {
+    dp_group.all_reduce(flat, ReduceOp::kAvg);
+    return;
   }
-  std::vector<torch::Tensor> flat_views;
-  for (const torch::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
-  torch::Tensor flat = torch::cat(flat_views);
-  dp_group.all_reduce(flat, ReduceOp::kAvg);
-  int64_t offset = 0;
-  for (torch::Tensor& g : grads) {
-    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
-    offset += g.numel();
-  }
+  torch::Tensor wire = flat.to(wire_dtype);
+  dp_group.all_reduce(wire, ReduceOp::kAvg);
+  flat.copy_(wire);
 }
 
-double global_grad_norm(const NamedTensors& params, Communicator* model_group) {
+torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group) {
   torch::NoGradGuard no_grad;
-  torch::Tensor sum = torch::zeros({1}, torch::kFloat64);
-  for (const auto& [name, param] : params)
-    if (param.grad().defined()) sum += param.grad().to(torch::kFloat64).pow(2).sum();
-  if (model_group && model_group->size() > 1) model_group->all_reduce(sum, ReduceOp::kSum);
-  return std::sqrt(sum.item<double>());
+  torch::Tensor norm = buffer.flat().norm();
+  if (!model_group || model_group->size() == 1) return norm;
+  torch::Tensor squares = (norm * norm).reshape({1});
+  model_group->all_reduce(squares, ReduceOp::kSum);
+  return squares.sqrt().reshape({});
 }
 
-void clip_gradients(const NamedTensors& params, double norm, double max_norm) {
-  if (max_norm <= 0 || !(norm > max_norm)) return;
+void clip_gradients(GradientBuffer& buffer, const torch::Tensor& norm, double max_norm) {
+  if (max_norm <= 0) return;
   torch::NoGradGuard no_grad;
-  const double scale = max_norm / (norm + 1e-6);
-  for (const auto& [name, param] : params)
-    if (param.grad().defined()) param.grad().mul_(scale);
+  buffer.flat().mul_((max_norm / (norm + 1e-6)).clamp_max(1.0));
 }
 
 }  // namespace dstrain

@@ -16,6 +16,10 @@ void add_optim_options(OptionTable& t) {
   t.add("optim.weight_decay", OptionKind::kFloat, "0.1",
         "decoupled weight decay (matrices only; never norms)");
   t.add("optim.grad_clip", OptionKind::kFloat, "1.0", "clip the global gradient norm to this (0: off)");
+  t.add("optim.loss_scale", OptionKind::kFloat, "65536",
+        "fp16 only: initial dynamic loss scale (halved on overflow, doubled after growth_interval clean steps)");
+  t.add("optim.loss_scale_growth_interval", OptionKind::kInt, "1000",
+        "fp16 only: clean steps after which the loss scale doubles");
 }
 
 OptimConfig read_optim_config(const Options& o) {
@@ -29,6 +33,8 @@ OptimConfig read_optim_config(const Options& o) {
   c.eps = o.get_float("optim.eps", 0.0, 1.0);
   c.weight_decay = o.get_float("optim.weight_decay", 0.0, 10.0);
   c.grad_clip = o.get_float("optim.grad_clip", 0.0, 1e9);
+  c.loss_scale = o.get_float("optim.loss_scale", 1.0, 1e30);
+  c.loss_scale_growth_interval = o.get_int("optim.loss_scale_growth_interval", 1);
   if (c.min_lr > c.lr)
     throw config_error("optim.min_lr", o.raw("optim.min_lr"),
                        "must not exceed optim.lr (" + o.raw("optim.lr") + ")");

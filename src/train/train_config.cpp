@@ -1,8 +1,7 @@
 #include "dstrain/train/train_config.h"
 
-#include <filesystem>
-
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 
 namespace dstrain {
 namespace {
@@ -25,6 +24,13 @@ void add_loop_options(OptionTable& t) {
         "evaluate on data.valid every N steps and at the end (0: only at the end)");
   t.add("train.eval_batches", OptionKind::kInt, "8", "global batches per evaluation");
   t.add("train.threads", OptionKind::kInt, "1", "torch CPU threads per rank");
+  t.add("train.device", OptionKind::kString, "auto",
+        "cpu, cuda (the GPU of the rank's place on its node), or auto (cuda when there is a GPU)");
+  t.add("train.precision", OptionKind::kString, "fp32",
+        "parameters and activations: fp32, bf16 or fp16 (fp32 master weights and optimizer state; "
+        "fp16 with dynamic loss scaling)");
+  t.add("train.peak_tflops", OptionKind::kFloat, "0",
+        "peak TFLOP/s of one device for MFU (0: known A100/H100/H200 figures; no MFU otherwise)");
 }
 
 void add_data_options(OptionTable& t) {
@@ -40,7 +46,7 @@ void add_log_options(OptionTable& t) {
 
 void require_file(const Options& o, const std::string& key) {
   const std::string& path = o.raw(key);
-  if (!std::filesystem::is_regular_file(path))
+  if (!files::is_regular_file(path))
     throw config_error(key, path, "no such file (make a corpus with `dstrain prep`)");
 }
 
@@ -54,6 +60,9 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.eval_interval = o.get_int("train.eval_interval", 0);
   c.eval_batches = o.get_int("train.eval_batches", 1);
   c.threads = static_cast<int>(o.get_int("train.threads", 1, 1024));
+  c.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
+  c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
+  c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +
@@ -84,6 +93,7 @@ OptionTable train_option_table() {
   add_run_options(table);
   add_model_options(table);
   add_parallel_options(table);
+  add_comm_options(table);
   add_loop_options(table);
   add_optim_options(table);
   add_data_options(table);
@@ -98,6 +108,7 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.run.seed = static_cast<uint64_t>(o.get_int("run.seed", 0));
   c.model = read_model_config(o);
   c.parallel = read_parallel_config(o, world_size);
+  c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
   c.optim = read_optim_config(o);
   if (c.optim.decay_steps == 0) {

@@ -3,20 +3,24 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
+#include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/model/flops.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
+#include "dstrain/optim/loss_scaler.h"
 #include "dstrain/optim/lr_schedule.h"
 #include "dstrain/train/metrics.h"
 #include "dstrain/train/train_config.h"
@@ -28,6 +32,12 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+torch::ScalarType dtype_named(const std::string& name) {
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp16") return torch::kFloat16;
+  return torch::kFloat32;
 }
 
 std::string parameter_digest(const NamedTensors& params) {
@@ -58,36 +68,62 @@ void write_text_file(const std::string& path, const std::string& text) {
   if (!out) throw config_error("run.dir", path, "cannot write this file");
 }
 
-struct StepStats {
-  double loss = 0, grad_norm = 0, lr = 0, seconds = 0;
+// One step's results, still on the device: the host reads them only when it logs.
+struct StepTensors {
+  torch::Tensor loss;       // this rank's mean loss over its micro-batches
+  torch::Tensor grad_norm;  // global, before clipping
+};
+
+// Steps since the last log line, timed from the moment the previous one had synchronised.
+struct Interval {
+  Clock::time_point start = Clock::now();
+  int64_t steps = 0;
+};
+
+struct LoggedInterval {
+  double loss = 0, seconds = 0, tokens = 0;
 };
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel);
+  Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel,
+          const DevicePlacement& placement);
   TrainResult run();
 
  private:
-  StepStats train_step(int64_t step);
+  StepTensors train_step(int64_t step);
   double evaluate();
-  void log_step(int64_t step, const StepStats& stats, double mean_step_seconds);
+  torch::Tensor next_batch(DataLoader& loader);
+  // Synchronises, checks that the interval's steps were finite, writes the log line and the
+  // metrics record. `earlier_seconds`: time spent in the steps before the interval (for the ETA).
+  LoggedInterval log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
+                              double earlier_seconds);
 
   TrainConfig config_;
   ParallelContext& parallel_;
+  DevicePlacement placement_;
   bool is_reporting_rank_;
   std::shared_ptr<const CorpusReader> train_corpus_, valid_corpus_;
   CausalLM model_{nullptr};
   NamedTensors params_;
+  std::unique_ptr<GradientBuffer> grads_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<DynamicLossScaler> loss_scaler_;  // fp16 only
+  torch::ScalarType wire_dtype_;
+  torch::Tensor nonfinite_steps_;                   // steps whose gradient norm was not finite
   LrSchedule schedule_;
   LoaderOptions loader_options_;
   std::unique_ptr<DataLoader> loader_;
   MetricsLog metrics_;
   std::string summary_path_;
+  double flops_per_token_;
+  double peak_flops_;  // of all devices together; 0: unknown
+  int64_t last_logged_step_ = 0;
 };
 
-Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext& parallel)
-    : config_(c), parallel_(parallel), is_reporting_rank_(parallel.world_rank == 0) {
+Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext& parallel,
+                 const DevicePlacement& placement)
+    : config_(c), parallel_(parallel), placement_(placement), is_reporting_rank_(parallel.world_rank == 0) {
   torch::set_num_threads(c.loop.threads);
   train_corpus_ = std::make_shared<CorpusReader>(c.data.train);
   if (!c.data.valid.empty()) valid_corpus_ = std::make_shared<CorpusReader>(c.data.valid);
@@ -99,12 +135,33 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
                              corpus->info().tokenizer + ")");
   }
 
+  // Initialised in fp32 on the CPU from (seed, name) alone, then moved and rounded: the same
+  // start on every device and layout.
+  const torch::Device device = placement.device;
+  const torch::ScalarType dtype = dtype_named(c.loop.precision);
+  if (dtype == torch::kFloat16 && !device.is_cuda())
+    throw config_error("train.precision", "fp16",
+                       "LibTorch's CPU kernels have no fp16 matrix products; use bf16 on the CPU (fp16 runs on GPUs)");
   model_ = CausalLM(c.model, LayerSlice::whole(c.model));
   initialize_parameters(*model_, c.model, c.run.seed);
+  model_->to(device);
+  if (dtype != torch::kFloat32) {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : model_->parameters()) p.set_data(p.data().to(dtype));
+  }
   params_ = sorted_parameters(*model_);
+  grads_ = std::make_unique<GradientBuffer>(params_);
   optimizer_ = std::make_unique<AdamW>(
       params_, AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
+  if (c.loop.precision == "fp16")
+    loss_scaler_ = std::make_unique<DynamicLossScaler>(c.optim.loss_scale, c.optim.loss_scale_growth_interval, device);
+  wire_dtype_ = dtype_named(c.comm.grad_dtype);
+  nonfinite_steps_ = torch::zeros({}, torch::dtype(torch::kFloat32).device(device));
   schedule_ = {c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.decay_steps};
+
+  flops_per_token_ = training_flops_per_token(c.model, c.loop.seq_len);
+  double peak = c.loop.peak_tflops > 0 ? c.loop.peak_tflops : accel::known_peak_tflops(placement.name, c.loop.precision);
+  peak_flops_ = peak * 1e12 * parallel.grid.world();
 
   loader_options_.seq_len = c.loop.seq_len;
   loader_options_.layout = {static_cast<uint64_t>(c.loop.micro_batch), static_cast<uint64_t>(c.loop.grad_accum),
@@ -112,6 +169,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   loader_options_.seed = c.run.seed;
   loader_options_.model_vocab = c.model.vocab_size;
   loader_options_.prefetch_depth = c.data.prefetch;
+  loader_options_.pin_memory = device.is_cuda();
   loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/0);
   if (valid_corpus_) {
     uint64_t available = samples_in_corpus(valid_corpus_->info().n_tokens, c.loop.seq_len) /
@@ -128,43 +186,44 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   }
 
   if (is_reporting_rank_) {
-    std::filesystem::create_directories(c.run.dir);
+    std::string why;
+    if (!files::make_directories(c.run.dir, &why))
+      throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
     write_text_file(c.run.dir + "/config.ini", effective.to_ini());
     metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl");
     summary_path_ = c.run.dir + "/summary.json";
   }
 }
 
-StepStats Trainer::train_step(int64_t step) {
-  Clock::time_point start = Clock::now();
-  StepStats stats;
-  for (auto& [name, param] : params_) param.mutable_grad() = torch::Tensor();
-  double local_loss = 0.0;
-  for (int64_t micro = 0; micro < config_.loop.grad_accum; ++micro) {
-    torch::Tensor batch = loader_->next();
-    torch::Tensor inputs = batch.narrow(1, 0, config_.loop.seq_len);
-    torch::Tensor targets = batch.narrow(1, 1, config_.loop.seq_len);
+torch::Tensor Trainer::next_batch(DataLoader& loader) {
+  // Pinned host memory: the copy overlaps with the kernels already queued.
+  return loader.next().to(placement_.device, /*non_blocking=*/true);
+}
+
+StepTensors Trainer::train_step(int64_t step) {
+  const int64_t seq = config_.loop.seq_len, accum = config_.loop.grad_accum;
+  grads_->zero();
+  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(placement_.device));
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    torch::Tensor batch = next_batch(*loader_);
     // Every micro-batch has the same number of tokens, so the mean of the micro-batch means is
     // the mean over the global batch whatever grad_accum and dp are.
-    torch::Tensor loss = lm_loss(model_(inputs), targets) / static_cast<double>(config_.loop.grad_accum);
-    loss.backward();
-    local_loss += loss.item<double>();
+    torch::Tensor loss = lm_loss(model_(batch.narrow(1, 0, seq)), batch.narrow(1, 1, seq)) / static_cast<double>(accum);
+    (loss_scaler_ ? loss * loss_scaler_->scale() : loss).backward();
+    grads_->accumulate();
+    loss_sum += loss.detach();
   }
-  average_gradients(params_, *parallel_.dp_group);
-  torch::Tensor loss_sum = torch::full({1}, local_loss, torch::kFloat64);
-  parallel_.dp_group->all_reduce(loss_sum, ReduceOp::kAvg);
-  stats.loss = loss_sum.item<double>();
-  stats.grad_norm = global_grad_norm(params_, /*model_group=*/nullptr);
-  if (!std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm))
-    throw Error(ExitCode::kNumerical, "step " + std::to_string(step) + ": non-finite loss (" +
-                                          std::to_string(stats.loss) + ") or gradient norm (" +
-                                          std::to_string(stats.grad_norm) +
-                                          "); lower optim.lr or check the data");
-  clip_gradients(params_, stats.grad_norm, config_.optim.grad_clip);
-  stats.lr = schedule_.at(step);
-  optimizer_->step(stats.lr);
-  stats.seconds = seconds_since(start);
-  return stats;
+  average_gradients(*grads_, *parallel_.dp_group, wire_dtype_);
+  if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
+  torch::Tensor norm = global_grad_norm(*grads_, /*model_group=*/nullptr);
+  // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the
+  // device); the next log line reports it, and stops the run unless fp16 overflow explains it.
+  torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
+  nonfinite_steps_ += found_inf;
+  clip_gradients(*grads_, norm, config_.optim.grad_clip);
+  optimizer_->step(schedule_.at(step), grads_->grads(), found_inf);
+  if (loss_scaler_) loss_scaler_->update(found_inf);
+  return {loss_sum, norm};
 }
 
 double Trainer::evaluate() {
@@ -172,58 +231,124 @@ double Trainer::evaluate() {
   LoaderOptions options = loader_options_;
   options.shuffle = false;  // the same sequences every time, whatever the step
   DataLoader loader(valid_corpus_, options, /*start_step=*/0);
-  double total = 0.0;
+  const int64_t seq = config_.loop.seq_len;
+  torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(placement_.device));
   int64_t count = 0;
   for (int64_t b = 0; b < config_.loop.eval_batches; ++b) {
     for (int64_t micro = 0; micro < config_.loop.grad_accum; ++micro, ++count) {
-      torch::Tensor batch = loader.next();
-      total += lm_loss(model_(batch.narrow(1, 0, config_.loop.seq_len)),
-                       batch.narrow(1, 1, config_.loop.seq_len))
-                   .item<double>();
+      torch::Tensor batch = next_batch(loader);
+      total += lm_loss(model_(batch.narrow(1, 0, seq)), batch.narrow(1, 1, seq)).to(torch::kFloat64);
     }
   }
-  torch::Tensor mean = torch::full({1}, total / static_cast<double>(count), torch::kFloat64);
+  torch::Tensor mean = total / static_cast<double>(count);
   parallel_.dp_group->all_reduce(mean, ReduceOp::kAvg);
+  parallel_.dp_group->synchronize();
   return mean.item<double>();
 }
 
-void Trainer::log_step(int64_t step, const StepStats& stats, double mean_step_seconds) {
-  const double tokens_per_s = static_cast<double>(config_.loop.global_batch * config_.loop.seq_len) / stats.seconds;
+LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
+                                     double earlier_seconds) {
+  // The only host synchronisation of the interval: the values below wait for its last step.
+  torch::Tensor loss = tensors.loss.to(torch::kFloat64).reshape({1});
+  parallel_.dp_group->all_reduce(loss, ReduceOp::kAvg);
+  parallel_.dp_group->synchronize();
+  const double loss_value = loss.item<double>(), grad_norm = tensors.grad_norm.item<double>();
+  const double seconds = seconds_since(interval.start);
+  const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
+  const std::string steps_text = "steps " + std::to_string(last_logged_step_ + 1) + "-" + std::to_string(step);
+  if (!std::isfinite(loss_value))
+    throw Error(ExitCode::kNumerical, "step " + std::to_string(step) + ": the loss is not finite (" +
+                                          std::to_string(loss_value) + "); lower optim.lr or check the data");
+  if (!loss_scaler_ && nonfinite > 0)
+    throw Error(ExitCode::kNumerical, steps_text + ": the gradient norm was not finite in " +
+                                          std::to_string(nonfinite) +
+                                          " step(s), which were skipped; lower optim.lr or check the data");
+  double loss_scale = 0;
+  if (loss_scaler_) {
+    loss_scale = loss_scaler_->scale().item<double>();
+    if (loss_scale < 1.0)
+      throw Error(ExitCode::kNumerical, steps_text + ": the fp16 loss scale fell to " + std::to_string(loss_scale) +
+                                            ": gradients overflow even unscaled; use train.precision = bf16 "
+                                            "or lower optim.lr");
+  }
+  last_logged_step_ = step;
+
+  const double tokens = static_cast<double>(interval.steps * config_.loop.global_batch * config_.loop.seq_len);
+  const double tokens_per_s = tokens / seconds, step_seconds = seconds / static_cast<double>(interval.steps);
+  const double mean_step_seconds = (earlier_seconds + seconds) / static_cast<double>(step);
   const int64_t steps = config_.loop.steps;
-  char line[256];
+  std::string extra;
+  char text[64];
+  nlohmann::json record = {{"step", step},
+                           {"loss", loss_value},
+                           {"lr", schedule_.at(step)},
+                           {"grad_norm", grad_norm},
+                           {"tokens_per_s", tokens_per_s},
+                           {"step_time_s", step_seconds},
+                           {"consumed_samples", loader_->consumed_samples()},
+                           {"tokens", loader_->consumed_samples() * static_cast<uint64_t>(config_.loop.seq_len)}};
+  if (peak_flops_ > 0) {
+    const double mfu = flops_per_token_ * tokens_per_s / peak_flops_;
+    record["mfu"] = mfu;
+    std::snprintf(text, sizeof text, " | MFU %.1f%%", 100 * mfu);
+    extra += text;
+  }
+  if (placement_.device.is_cuda()) {
+    const double gib = static_cast<double>(accel::peak_allocated_bytes(placement_.device)) / (1 << 30);
+    record["memory_gib"] = gib;
+    std::snprintf(text, sizeof text, " | %.1f GiB", gib);
+    extra += text;
+  }
+  if (loss_scaler_) {
+    const int64_t skipped = static_cast<int64_t>(loss_scaler_->skipped_steps().item<float>());
+    record["loss_scale"] = loss_scale;
+    record["skipped_steps"] = skipped;
+    std::snprintf(text, sizeof text, " | scale %.0f, %lld skipped", loss_scale, static_cast<long long>(skipped));
+    extra += text;
+  }
+  char line[320];
   std::snprintf(line, sizeof line,
-                "step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | %.3f s/step | ETA %s",
+                "step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | %.3f s/step%s | ETA %s",
                 static_cast<int>(std::to_string(steps).size()), static_cast<long long>(step),
-                static_cast<long long>(steps), stats.loss, stats.lr, stats.grad_norm,
-                with_commas(tokens_per_s).c_str(), stats.seconds,
+                static_cast<long long>(steps), loss_value, schedule_.at(step), grad_norm,
+                with_commas(tokens_per_s).c_str(), step_seconds, extra.c_str(),
                 format_duration(mean_step_seconds * static_cast<double>(steps - step)).c_str());
   log::info(line);
-  metrics_.write({{"step", step},
-                  {"loss", stats.loss},
-                  {"lr", stats.lr},
-                  {"grad_norm", stats.grad_norm},
-                  {"tokens_per_s", tokens_per_s},
-                  {"step_time_s", stats.seconds},
-                  {"consumed_samples", loader_->consumed_samples()},
-                  {"tokens", loader_->consumed_samples() * static_cast<uint64_t>(config_.loop.seq_len)}});
+  metrics_.write(record);
+  return {loss_value, seconds, tokens};
 }
 
 TrainResult Trainer::run() {
   const int64_t steps = config_.loop.steps;
+  const ParameterCounts counts = count_parameters(config_.model);
+  char flops[32];
+  std::snprintf(flops, sizeof flops, "%.3g", flops_per_token_);
+  log::info("model: ", with_commas(static_cast<double>(counts.total)), " parameters, ", flops,
+            " FLOP per token (training); ", config_.loop.precision, " on ",
+            placement_.device.str(), " (", placement_.name, "), comm ", parallel_.dp_group->backend());
   log::info("training ", steps, " steps: global batch ", config_.loop.global_batch, " × ",
             config_.loop.seq_len, " tokens (micro_batch ", config_.loop.micro_batch, " × grad_accum ",
             config_.loop.grad_accum, " × dp ", parallel_.grid.dp(), "), ",
             with_commas(static_cast<double>(train_corpus_->info().n_tokens)), " tokens in ",
             config_.data.train);
   TrainResult result;
-  Clock::time_point start = Clock::now();
-  double timed_seconds = 0.0;  // steps after the first, which pays for warm-up
+  const Clock::time_point start = Clock::now();
+  double trained_seconds = 0;  // in training steps, evaluation left out
+  LoggedInterval first, later; // the first interval pays for warm-up: throughput comes from the others
+  int64_t logged_intervals = 0;
+  Interval interval;
   for (int64_t step = 1; step <= steps; ++step) {
-    StepStats stats = train_step(step);
-    if (step > 1) timed_seconds += stats.seconds;
-    double mean_step = step > 1 ? timed_seconds / static_cast<double>(step - 1) : stats.seconds;
-    if (step % config_.log.interval == 0 || step == steps) log_step(step, stats, mean_step);
-    result.final_loss = stats.loss;
+    StepTensors tensors = train_step(step);
+    ++interval.steps;
+    if (step % config_.log.interval != 0 && step != steps) continue;
+
+    LoggedInterval logged = log_interval(step, tensors, interval, trained_seconds);
+    trained_seconds += logged.seconds;
+    LoggedInterval& sum = logged_intervals++ == 0 ? first : later;
+    sum.seconds += logged.seconds;
+    sum.tokens += logged.tokens;
+    result.final_loss = logged.loss;
+
     bool eval_due = config_.loop.eval_interval > 0 && step % config_.loop.eval_interval == 0;
     if (valid_corpus_ && (eval_due || step == steps)) {
       result.final_eval_loss = evaluate();
@@ -232,30 +357,58 @@ TrainResult Trainer::run() {
       metrics_.write({{"step", step}, {"eval_loss", result.final_eval_loss},
                       {"eval_ppl", std::exp(result.final_eval_loss)}});
     }
+    interval = Interval{};  // evaluation and logging stay out of the timed steps
   }
   const double seconds = seconds_since(start);
+  const LoggedInterval& steady = logged_intervals > 1 ? later : first;
   result.steps = steps;
+  result.tokens_per_s = steady.tokens / steady.seconds;
+  result.mfu = peak_flops_ > 0 ? flops_per_token_ * result.tokens_per_s / peak_flops_ : 0.0;
+  result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
   result.param_digest = parameter_digest(params_);
   const uint64_t tokens = loader_->consumed_samples() * static_cast<uint64_t>(config_.loop.seq_len);
 
   log::info("done: ", steps, " steps in ", format_duration(seconds), ", ",
             with_commas(static_cast<double>(tokens)), " tokens (",
-            with_commas(static_cast<double>(tokens) / seconds), " tok/s); final loss ",
-            result.final_loss,
+            with_commas(result.tokens_per_s), " tok/s after warm-up); final loss ", result.final_loss,
             valid_corpus_ ? ", eval loss " + std::to_string(result.final_eval_loss) : std::string());
   if (is_reporting_rank_) {
     nlohmann::json summary = {{"steps", steps},
                               {"tokens", tokens},
                               {"seconds", seconds},
+                              {"tokens_per_s", result.tokens_per_s},
                               {"final_loss", result.final_loss},
                               {"param_digest", result.param_digest},
+                              {"precision", config_.loop.precision},
+                              {"device", placement_.name},
                               {"layout", {{"dp", parallel_.grid.dp()}, {"pp", parallel_.grid.pp()}}}};
     if (valid_corpus_) summary["final_eval_loss"] = result.final_eval_loss;
+    if (result.mfu > 0) summary["mfu"] = result.mfu;
+    if (result.peak_memory_bytes > 0) summary["peak_memory_bytes"] = result.peak_memory_bytes;
     write_text_file(summary_path_, summary.dump(2) + "\n");
     log::info("metrics: ", metrics_.path(), "  config: ", config_.run.dir, "/config.ini  summary: ",
               summary_path_);
   }
   return result;
+}
+
+// Runs one phase of the start-up in which any rank may fail on its own; afterwards every rank
+// knows whether all succeeded, and the lowest failing rank reports (one message, not one per rank).
+// A phase that contains collectives fails on all ranks alike, or not at all.
+template <typename Phase>
+void agreed_phase(int world_rank, Phase&& phase) {
+  std::optional<Error> failure;
+  try {
+    phase();
+  } catch (const Error& e) {
+    failure = e;
+  } catch (const std::exception& e) {
+    failure = Error(ExitCode::kInternal, e.what());
+  }
+  FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
+  if (agreement.exit_code == 0) return;
+  if (agreement.reporter == world_rank) throw *failure;
+  throw Error(static_cast<ExitCode>(agreement.exit_code), "");  // reported by another rank
 }
 
 }  // namespace
@@ -265,28 +418,29 @@ TrainResult run_training(Options options) {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
 
-  // Set-up: any rank may fail on its own (a file it cannot read); all agree before going on.
-  std::optional<Error> failure;
+  TrainConfig config;
+  DevicePlacement placement;
+  std::string backend;
   std::optional<ParallelContext> parallel;
   std::unique_ptr<Trainer> trainer;
-  try {
-    TrainConfig config = read_train_config(options, world_size);
+  agreed_phase(world_rank, [&] {  // this rank alone: the configuration
+    config = read_train_config(options, world_size);
     log::configure(world_rank, config.log.all_ranks);
+  });
+  agreed_phase(world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)
+    placement = place_rank(config.loop.device);
+    backend = resolve_backend(config.comm.backend, placement.device);
+  });
+  agreed_phase(world_rank, [&] {  // collective: communicators (their checks fail on every rank alike)
     log::info("dstrain ", DSTRAIN_VERSION, ": ", world_size, " rank(s), dp ", config.parallel.dp, " × pp ",
               config.parallel.pp, "\neffective configuration:\n", options.to_ini());
     parallel.emplace(ParallelContext::create(RankGrid(world_size, config.parallel.dp, config.parallel.pp,
-                                                      config.parallel.order)));
-    trainer = std::make_unique<Trainer>(config, options, *parallel);
-  } catch (const Error& e) {
-    failure = e;
-  } catch (const std::exception& e) {
-    failure = Error(ExitCode::kInternal, e.what());
-  }
-  FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
-  if (agreement.exit_code != 0) {
-    if (agreement.reporter == world_rank) throw *failure;
-    throw Error(static_cast<ExitCode>(agreement.exit_code), "");  // reported by another rank
-  }
+                                                      config.parallel.order),
+                                             backend, placement.device, config.comm.timeout_s));
+  });
+  agreed_phase(world_rank, [&] {  // this rank alone: files, model, optimizer
+    trainer = std::make_unique<Trainer>(config, options, *parallel, placement);
+  });
 
   // Training: an error now is this rank's alone and the others are inside collectives; the
   // rank says what happened and ends the job.

@@ -1,11 +1,12 @@
 #include "e2e_util.h"
 
+#include "dstrain/core/files.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -42,10 +43,11 @@ RunOutput run_dstrain(int ranks, const std::vector<std::string>& args) {
 }
 
 std::string scratch_dir(const std::string& name) {
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / "dstrain-e2e" / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  const std::string dir = files::temp_directory() + "/dstrain-e2e/" + name;
+  files::remove_tree(dir);
+  std::string why;
+  if (!files::make_directories(dir, &why)) ADD_FAILURE() << why;
+  return dir;
 }
 
 const TestCorpus& test_corpus() {
@@ -60,6 +62,14 @@ const TestCorpus& test_corpus() {
     return c;
   }();
   return corpus;
+}
+
+RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                   "--run.dir", run_dir, "--data.train", test_corpus().train,
+                                   "--data.valid", test_corpus().valid};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(ranks, args);
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {

@@ -25,6 +25,9 @@ struct TestCorpus {
 };
 const TestCorpus& test_corpus();
 
+// `dstrain train` of input/tiny.ini on the test corpus into `run_dir`; `extra` overrides.
+RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<std::string>& extra);
+
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 nlohmann::json read_json(const std::string& path);
 

@@ -1,10 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <numeric>
 #include <set>
 
+#include "dstrain/core/files.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/data/prep.h"
@@ -91,8 +91,8 @@ TEST(Prep, BadInputsGiveClearErrorsAndLeaveNoCorpus) {
   expect_error([&] { run_prep(options); }, ExitCode::kData, {"notext.jsonl:1", "\"text\""});
   options.inputs = {dir.path("empty.txt")};
   expect_error([&] { run_prep(options); }, ExitCode::kData, {"empty"});
-  EXPECT_FALSE(std::filesystem::exists(dir.path("out.h5")));
-  EXPECT_FALSE(std::filesystem::exists(dir.path("out.h5.tmp")));
+  EXPECT_FALSE(files::exists(dir.path("out.h5")));
+  EXPECT_FALSE(files::exists(dir.path("out.h5.tmp")));
 }
 
 TEST(Corpus, UnreadableFilesNameTheFile) {

@@ -4,9 +4,16 @@
 
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
+#include "dstrain/optim/loss_scaler.h"
 #include "dstrain/optim/lr_schedule.h"
 
 using namespace dstrain;
+
+namespace {
+
+torch::Tensor no_inf() { return torch::zeros({}); }
+
+}  // namespace
 
 // AdamW on every element against the update written out in scalar arithmetic.
 TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
@@ -21,9 +28,7 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
   for (int t = 1; t <= 5; ++t) {
     const double lr = 0.01 * t;
     torch::Tensor gm = torch::randn({3, 4}), gn = torch::randn({4});
-    matrix.mutable_grad() = gm;
-    norm.mutable_grad() = gn;
-    adam.step(lr);
+    adam.step(lr, {gm, gn}, no_inf());
     for (int i = 0; i < 16; ++i) {
       bool is_matrix = i < 12;
       double& x = is_matrix ? p[i] : q[i - 12];
@@ -35,8 +40,44 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
       x -= lr * mhat / (std::sqrt(vhat) + o.eps);
     }
   }
+  EXPECT_EQ(adam.step_count(), 5);
   for (int i = 0; i < 12; ++i) EXPECT_NEAR(matrix.data_ptr<float>()[i], p[i], 1e-5);
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(norm.data_ptr<float>()[i], q[i], 1e-5);
+}
+
+// A bf16 model trains on fp32 master weights: the masters follow exactly the fp32 optimizer's
+// trajectory, and each bf16 parameter is its master rounded (updates smaller than bf16's
+// spacing accumulate in the master instead of vanishing).
+TEST(AdamW, Bf16ParametersFollowFp32MasterWeights) {
+  torch::Tensor start = torch::randn({8, 8});
+  torch::Tensor fp32 = start.clone(), bf16 = start.to(torch::kBFloat16);
+  AdamW reference({{"w", fp32}}, {}), mixed({{"w", bf16}}, {});
+  // The master starts from the bf16 parameter (as the model was rounded before the optimizer saw it).
+  fp32.copy_(bf16.to(torch::kFloat32));
+  for (int t = 0; t < 4; ++t) {
+    torch::Tensor g = torch::randn({8, 8});
+    reference.step(1e-4, {g}, no_inf());
+    mixed.step(1e-4, {g}, no_inf());
+  }
+  const AdamW::State& state = mixed.states().front();
+  EXPECT_EQ(state.master.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(bf16.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(state.master, fp32));
+  EXPECT_TRUE(torch::equal(bf16, fp32.to(torch::kBFloat16)));
+  // 4 steps of lr 1e-4 move a weight by ~4e-4, under bf16's spacing for most values: the
+  // master moved, and some parameters (those near a rounding boundary or small) too.
+  EXPECT_FALSE(torch::equal(state.master, start.to(torch::kBFloat16).to(torch::kFloat32)));
+}
+
+TEST(AdamW, StepWithNonFiniteGradientsChangesNothing) {
+  torch::Tensor w = torch::randn({4, 4});
+  AdamW adam({{"w", w}}, {});
+  adam.step(0.1, {torch::randn({4, 4})}, no_inf());
+  torch::Tensor before = w.clone(), exp_avg = adam.states()[0].exp_avg.clone();
+  adam.step(0.1, {torch::full({4, 4}, std::nanf(""))}, torch::ones({}));
+  EXPECT_TRUE(torch::equal(w, before));
+  EXPECT_TRUE(torch::equal(adam.states()[0].exp_avg, exp_avg));
+  EXPECT_EQ(adam.step_count(), 1);
 }
 
 TEST(LrSchedule, WarmupThenCosineThenFloor) {
@@ -51,17 +92,117 @@ TEST(LrSchedule, WarmupThenCosineThenFloor) {
   EXPECT_NEAR(no_warmup.at(1), 1.0 + std::cos(M_PI * 0.25), 1e-12);
 }
 
+// fp32 parameters accumulate into the buffer through autograd itself (.grad is a view of it).
+TEST(GradientBuffer, Fp32ParametersAccumulateInPlace) {
+  torch::Tensor w = torch::ones({2, 3}, torch::requires_grad()), b = torch::ones({3}, torch::requires_grad());
+  NamedTensors params{{"b", b}, {"w", w}};
+  GradientBuffer buffer(params);
+  for (int micro = 1; micro <= 3; ++micro) {
+    (w.sum() * micro + b.sum() * 10).backward();
+    buffer.accumulate();
+  }
+  EXPECT_TRUE(torch::equal(buffer.grads()[0], torch::full({3}, 30.0f)));
+  EXPECT_TRUE(torch::equal(buffer.grads()[1], torch::full({2, 3}, 6.0f)));
+  EXPECT_EQ(buffer.flat().numel(), 9);
+  EXPECT_TRUE(w.grad().data_ptr() == buffer.grads()[1].data_ptr());
+  buffer.zero();
+  EXPECT_EQ(buffer.flat().abs().sum().item<float>(), 0.0f);
+  (w.sum() * 2).backward();
+  EXPECT_TRUE(torch::equal(buffer.grads()[1], torch::full({2, 3}, 2.0f)));
+}
+
+// bf16 gradients are summed in fp32: 1 + 2^-9 is 1 in bf16 (spacing 2^-7 at 1) but not in fp32.
+TEST(GradientBuffer, Bf16GradientsAreSummedInFp32) {
+  torch::Tensor w = torch::ones({4}, torch::dtype(torch::kBFloat16).requires_grad(true));
+  GradientBuffer buffer({{"w", w}});
+  for (double scale : {1.0, std::ldexp(1.0, -9)}) {
+    (w.sum() * scale).backward();
+    buffer.accumulate();
+    EXPECT_FALSE(w.grad().defined());  // handed over to the buffer
+  }
+  EXPECT_EQ(buffer.grads()[0].scalar_type(), torch::kFloat32);
+  EXPECT_FLOAT_EQ(buffer.grads()[0][0].item<float>(), 1.0f + std::ldexp(1.0f, -9));
+  torch::Tensor bf16_sum = torch::ones({}, torch::kBFloat16) + torch::full({}, std::ldexp(1.0, -9), torch::kBFloat16);
+  EXPECT_EQ(bf16_sum.item<float>(), 1.0f);  // what accumulating in bf16 would have given
+}
+
+// A new step starts from zero although zero() leaves bf16 slices to the first pass to overwrite,
+// also for a parameter that the first micro-batch of the step does not use.
+TEST(GradientBuffer, EachStepStartsFromZero) {
+  torch::Tensor used = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
+  torch::Tensor sometimes = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
+  GradientBuffer buffer({{"sometimes", sometimes}, {"used", used}});
+  (used.sum() * 3 + sometimes.sum() * 5).backward();
+  buffer.accumulate();
+  EXPECT_EQ(buffer.grads()[0][0].item<float>(), 5.0f);
+  buffer.zero();
+  (used.sum() * 2).backward();  // `sometimes` unused in the step's first micro-batch
+  buffer.accumulate();
+  EXPECT_EQ(buffer.grads()[0][0].item<float>(), 0.0f);
+  (used.sum() + sometimes.sum() * 7).backward();
+  buffer.accumulate();
+  EXPECT_EQ(buffer.grads()[0][0].item<float>(), 7.0f);
+  EXPECT_EQ(buffer.grads()[1][0].item<float>(), 3.0f);
+}
+
 TEST(Gradients, GlobalNormAndClipping) {
   torch::Tensor a = torch::zeros({2}, torch::requires_grad());
   torch::Tensor b = torch::zeros({1}, torch::requires_grad());
-  a.mutable_grad() = torch::tensor({3.0f, 0.0f});
-  b.mutable_grad() = torch::tensor({4.0f});
-  NamedTensors params{{"a", a}, {"b", b}};
-  double norm = global_grad_norm(params, nullptr);
-  EXPECT_DOUBLE_EQ(norm, 5.0);
-  clip_gradients(params, norm, 10.0);  // under the limit: unchanged
+  GradientBuffer buffer({{"a", a}, {"b", b}});
+  buffer.grads()[0].copy_(torch::tensor({3.0f, 0.0f}));
+  buffer.grads()[1].copy_(torch::tensor({4.0f}));
+  torch::Tensor norm = global_grad_norm(buffer, nullptr);
+  EXPECT_EQ(norm.dim(), 0);
+  EXPECT_FLOAT_EQ(norm.item<float>(), 5.0f);
+  clip_gradients(buffer, norm, 10.0);  // under the limit: unchanged
   EXPECT_FLOAT_EQ(b.grad().item<float>(), 4.0f);
-  clip_gradients(params, norm, 1.0);
-  EXPECT_NEAR(global_grad_norm(params, nullptr), 1.0, 1e-5);
+  clip_gradients(buffer, norm, 1.0);
+  EXPECT_NEAR(global_grad_norm(buffer, nullptr).item<float>(), 1.0, 1e-5);
   EXPECT_NEAR(a.grad()[0].item<float>(), 0.6, 1e-5);
+}
+
+// An injected overflow: the step is counted as skipped and the scale backs off; clean steps
+// grow it again after the growth interval.
+TEST(DynamicLossScaler, BacksOffOnOverflowAndGrowsAfterCleanSteps) {
+  DynamicLossScaler scaler(1024.0, /*growth_interval=*/3, torch::kCPU);
+  EXPECT_EQ(scaler.scale().item<float>(), 1024.0f);
+  scaler.update(torch::ones({}));  // overflow
+  EXPECT_EQ(scaler.scale().item<float>(), 512.0f);
+  EXPECT_EQ(scaler.skipped_steps().item<float>(), 1.0f);
+  scaler.update(torch::zeros({}));
+  scaler.update(torch::zeros({}));
+  EXPECT_EQ(scaler.scale().item<float>(), 512.0f);  // two clean steps: not yet
+  scaler.update(torch::zeros({}));
+  EXPECT_EQ(scaler.scale().item<float>(), 1024.0f);  // the third
+  scaler.update(torch::zeros({}));
+  scaler.update(torch::ones({}));  // the count restarts after an overflow
+  scaler.update(torch::zeros({}));
+  scaler.update(torch::zeros({}));
+  EXPECT_EQ(scaler.scale().item<float>(), 512.0f);
+  EXPECT_EQ(scaler.skipped_steps().item<float>(), 2.0f);
+}
+
+// The whole fp16 path on an injected inf: scaled loss, unscaled gradients, skipped update.
+TEST(DynamicLossScaler, InjectedInfSkipsTheUpdateAndHalvesTheScale) {
+  torch::Tensor w = torch::ones({3}, torch::dtype(torch::kFloat16).requires_grad(true));
+  GradientBuffer buffer({{"w", w}});
+  AdamW adam({{"w", w}}, {});
+  DynamicLossScaler scaler(256.0, 1000, torch::kCPU);
+  auto step = [&](const torch::Tensor& injected) {
+    buffer.zero();
+    ((w.to(torch::kFloat32) * injected).sum() * scaler.scale()).backward();
+    buffer.accumulate();
+    buffer.flat().div_(scaler.scale());
+    torch::Tensor found_inf = global_grad_norm(buffer, nullptr).isfinite().logical_not().to(torch::kFloat32);
+    adam.step(0.1, buffer.grads(), found_inf);
+    scaler.update(found_inf);
+  };
+  step(torch::tensor({1.0f, 2.0f, 3.0f}));
+  EXPECT_FLOAT_EQ(buffer.grads()[0][2].item<float>(), 3.0f);  // unscaled again
+  torch::Tensor after_first = w.clone();
+  step(torch::tensor({1.0f, std::numeric_limits<float>::infinity(), 3.0f}));
+  EXPECT_TRUE(torch::equal(w, after_first));
+  EXPECT_EQ(adam.step_count(), 1);
+  EXPECT_EQ(scaler.scale().item<float>(), 128.0f);
+  EXPECT_EQ(scaler.skipped_steps().item<float>(), 1.0f);
 }

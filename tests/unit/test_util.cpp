@@ -1,19 +1,21 @@
 #include "test_util.h"
 
 #include <fstream>
+
+#include "dstrain/core/files.h"
 #include <random>
 
 namespace dstrain::test {
 
 TempDir::TempDir() {
   std::random_device entropy;
-  dir_ = std::filesystem::temp_directory_path() / ("dstrain-test-" + std::to_string(entropy()));
-  std::filesystem::create_directories(dir_);
+  dir_ = files::temp_directory() + "/dstrain-test-" + std::to_string(entropy());
+  std::string why;
+  if (!files::make_directories(dir_, &why)) ADD_FAILURE() << why;
 }
 
 TempDir::~TempDir() {
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
+  files::remove_tree(dir_);
 }
 
 void TempDir::write(const std::string& name, const std::string& content) const {

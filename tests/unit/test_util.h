@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -16,11 +15,11 @@ class TempDir {
  public:
   TempDir();
   ~TempDir();
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
   void write(const std::string& name, const std::string& content) const;
 
  private:
-  std::filesystem::path dir_;
+  std::string dir_;
 };
 
 // Runs `body`, expects an Error with `code` whose message contains every one of `parts`.

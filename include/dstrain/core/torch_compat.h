@@ -8,6 +8,10 @@
 #include <torch/version.h>
 #endif
 
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
 namespace dstrain::compat {
 
 constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
@@ -27,6 +31,50 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   torch::Tensor probs = torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type());
   return torch::matmul(probs, v);
+#endif
+}
+
+// RMSNorm, normalising in fp32 whatever the activation dtype (the mean of squares is where bf16
+// loses): LibTorch 2.x has a fused kernel for it; 1.13 computes it op by op.
+inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
+#else
+  torch::Tensor x32 = x.to(torch::kFloat32);
+  torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+#endif
+}
+
+// dst[i].copy_(src[i]) for every i (converting dtypes): one multi-tensor kernel in LibTorch 2.x.
+inline void copy_all(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_foreach_copy_(dst, src);
+#else
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+#endif
+}
+
+// LibTorch 2.x has one fused AdamW kernel for a whole list of CUDA tensors (torch.optim.AdamW's
+// fused=True); without it the optimizer runs its own per-tensor arithmetic.
+inline bool has_fused_adamw(const torch::Device& device) {
+  return TORCH_VERSION_MAJOR >= 2 && device.is_cuda();
+}
+
+// One AdamW update (decoupled weight decay) of every tensor of `params` from `grads`, as
+// torch.optim.AdamW computes it; `step` holds the (already incremented) step number and is read
+// only; nothing changes when `found_inf` (0-dim, on the device) is non-zero.
+inline void fused_adamw(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                        const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                        const std::vector<torch::Tensor>& steps, double lr, double beta1, double beta2,
+                        double weight_decay, double eps, const torch::Tensor& found_inf) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1;
+  (void)beta2, (void)weight_decay, (void)eps, (void)found_inf;
+  throw std::logic_error("fused AdamW needs LibTorch 2.x");
 #endif
 }
 

@@ -19,6 +19,8 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
 
+  // Operations are ordered with the caller's computation: on the CPU they have finished when
+  // they return; on a GPU they are queued so that later kernels see their result.
   // In place on a contiguous tensor; every rank ends with the same result.
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
   // `input` holds size() equal chunks along dim 0; rank r receives the reduction of chunk r.
@@ -30,6 +32,10 @@ class Communicator {
   virtual void send(const torch::Tensor& tensor, int peer) = 0;
   virtual void recv(torch::Tensor& tensor, int peer) = 0;
   virtual void barrier() = 0;
+  // Waits until every operation issued so far has completed. A backend that queues work on the
+  // GPU (NCCL) ends a hung operation after its timeout with a communication error (exit code 5)
+  // instead of waiting forever; the MPI backend is blocking and has nothing to wait for.
+  virtual void synchronize() = 0;
 };
 
 }  // namespace dstrain

@@ -1,4 +1,4 @@
-// The MPI backend: blocking MPI collectives on CPU tensors.
+// The MPI backend: blocking MPI collectives; GPU tensors are staged through pinned host memory.
 #pragma once
 
 #include <mpi.h>
@@ -27,6 +27,7 @@ class MpiCommunicator : public Communicator {
   void send(const torch::Tensor& tensor, int peer) override;
   void recv(torch::Tensor& tensor, int peer) override;
   void barrier() override;
+  void synchronize() override {}
 
  private:
   MPI_Comm comm_;

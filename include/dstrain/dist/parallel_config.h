@@ -1,4 +1,5 @@
-// The [parallel] section: how many ranks form each dimension of the grid and in which order.
+// The [parallel] and [comm] sections: how many ranks form each dimension of the grid, in which
+// order, and what carries their collectives.
 #pragma once
 
 #include <string>
@@ -13,9 +14,17 @@ struct ParallelConfig {
   std::string order = "dp-pp";
 };
 
+struct CommConfig {
+  std::string backend = "auto";     // auto | mpi | nccl
+  std::string grad_dtype = "fp32";  // dtype gradients are reduced in: fp32 | bf16 | fp16
+  double timeout_s = 600;
+};
+
 void add_parallel_options(OptionTable& table);
+void add_comm_options(OptionTable& table);
 // Resolves parallel.dp = 0 to world / pp (recording the result in `options`) and checks that the
 // grid fills the world. Throws Error(kUsage) naming the key.
 ParallelConfig read_parallel_config(Options& options, int world_size);
+CommConfig read_comm_config(const Options& options);
 
 }  // namespace dstrain

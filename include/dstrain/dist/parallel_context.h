@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dstrain/dist/mpi_communicator.h"
+#include "dstrain/dist/parallel_config.h"
 #include "dstrain/dist/rank_grid.h"
 
 namespace dstrain {
@@ -25,16 +26,22 @@ class MpiSession {
   int size_ = 1;
 };
 
+// comm.backend "auto" resolved for a device: nccl on a GPU when dstrain has NCCL, else mpi.
+// Throws Error(kUsage) for nccl on the CPU or in a build without NCCL.
+std::string resolve_backend(const std::string& requested, const torch::Device& device);
+
 struct ParallelContext {
   RankGrid grid;
   int world_rank;
   GridCoord coord;
-  std::unique_ptr<MpiCommunicator> world;
-  std::unique_ptr<MpiCommunicator> dp_group;  // same stage, every data shard
-  std::unique_ptr<MpiCommunicator> pp_group;  // same data shard, every stage
+  std::unique_ptr<MpiCommunicator> world;  // start-up agreements and small host-side exchanges
+  std::unique_ptr<Communicator> dp_group;  // same stage, every data shard
+  std::unique_ptr<Communicator> pp_group;  // same data shard, every stage
 
-  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid.
-  static ParallelContext create(const RankGrid& grid);
+  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid and backend
+  // (a resolved one: "mpi" or "nccl"). `device` is this rank's.
+  static ParallelContext create(const RankGrid& grid, const std::string& backend = "mpi",
+                                const torch::Device& device = torch::kCPU, double timeout_s = 600);
 };
 
 // After a phase in which any rank may fail on its own (opening files, say), every rank learns the

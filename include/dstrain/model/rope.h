@@ -10,7 +10,10 @@
 namespace dstrain {
 
 struct RopeTables {
-  torch::Tensor cos, sin;  // [max_seq_len, head_dim], each pair's angle in both its slots
+  // [max_seq_len, head_dim], each pair's angle in both its slots. The sine carries the rotation's
+  // sign: -sin in the pair's first slot, +sin in its second, so that a pair (a, b) becomes
+  // (a cos - b sin, b cos + a sin) = x * cos + swap_pairs(x) * sin, in three kernels.
+  torch::Tensor cos, sin;
   bool interleave = false;
 };
 

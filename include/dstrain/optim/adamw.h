@@ -1,4 +1,6 @@
-// AdamW (Loshchilov & Hutter) with decoupled weight decay, as torch.optim.AdamW computes it.
+// AdamW (Loshchilov & Hutter) with decoupled weight decay, as torch.optim.AdamW computes it, on
+// fp32 master weights: a bf16/fp16 model gets an fp32 copy of each parameter that the update
+// works on, and the parameter receives the rounded result. Moments are fp32 in every case.
 // Weight decay applies to matrices only (embeddings, projections), never to norm weights.
 #pragma once
 
@@ -18,21 +20,29 @@ class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, const AdamWOptions& options);
 
-  // One update with learning rate `lr` from each parameter's .grad().
-  void step(double lr);
-  int64_t step_count() const { return step_count_; }
+  // One update with learning rate `lr` from `grads` (fp32, one per parameter in the order
+  // given to the constructor). When `found_inf` (0-dim on the parameters' device) is non-zero
+  // nothing changes: no update, no moment, no step count.
+  void step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
+  // Updates applied so far (skipped steps not counted).
+  int64_t step_count() const;
 
   struct State {
     std::string name;
-    torch::Tensor param, exp_avg, exp_avg_sq;
+    torch::Tensor param, master, exp_avg, exp_avg_sq;  // master is param itself for fp32
     bool decay;
   };
   const std::vector<State>& states() const { return states_; }
 
  private:
+  void explicit_step(double lr, const std::vector<torch::Tensor>& grads);
+  void fused_step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
+
   AdamWOptions options_;
   std::vector<State> states_;
-  int64_t step_count_ = 0;
+  bool fused_ = false;
+  int64_t step_count_ = 0;  // explicit path
+  torch::Tensor step_;      // fused path: the step number as a 0-dim fp32 tensor on the device
 };
 
 }  // namespace dstrain

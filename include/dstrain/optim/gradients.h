@@ -1,29 +1,26 @@
 // What happens to gradients between the backward pass and the optimizer: averaging over the
-// data-parallel group and clipping by the global norm.
+// data-parallel group, the global norm, and clipping. Everything stays on the device: the norm
+// is a tensor that the host reads only when it logs.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
 
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "dstrain/dist/communicator.h"
+#include "dstrain/optim/grad_buffer.h"
 
 namespace dstrain {
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+// Averages the buffer over `dp_group` in one collective, in `wire_dtype` (fp32; bf16 or fp16
+// halve the bytes on the wire at the cost of rounding the sum).
+void average_gradients(GradientBuffer& buffer, Communicator& dp_group, torch::ScalarType wire_dtype);
 
-// Averages every parameter's gradient over `dp_group`, packed into one flat buffer so that a
-// single all-reduce carries them all. The order is the order of `params`: the same on every rank.
-void average_gradients(const NamedTensors& params, Communicator& dp_group);
+// The L2 norm of every gradient, as a 0-dim fp32 tensor. `model_group` (the pipeline stages
+// holding the other parameters; nullptr when this rank holds them all) adds their squares.
+torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group);
 
-// The L2 norm of all gradients, summed in fp64. `model_group` (the pipeline stages holding the
-// other parameters; nullptr when this rank holds them all) adds the other stages' squares.
-double global_grad_norm(const NamedTensors& params, Communicator* model_group);
-
-// Scales the gradients so that their global norm is at most `max_norm` (as
-// torch.nn.utils.clip_grad_norm_); no-op when max_norm is 0 or the norm is already smaller.
-void clip_gradients(const NamedTensors& params, double norm, double max_norm);
+// Scales the gradients so that their global norm is at most `max_norm`, as
+// torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), capped at 1);
+// no-op when max_norm is 0.
+void clip_gradients(GradientBuffer& buffer, const torch::Tensor& norm, double max_norm);
 
 }  // namespace dstrain

@@ -1,4 +1,4 @@
-// The [optim] section: AdamW, the learning-rate schedule and gradient clipping.
+// The [optim] section: AdamW, the learning-rate schedule, gradient clipping and fp16 loss scaling.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,8 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
+  double loss_scale = 65536;  // fp16: initial dynamic loss scale
+  int64_t loss_scale_growth_interval = 1000;
 };
 
 void add_optim_options(OptionTable& table);

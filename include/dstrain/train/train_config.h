@@ -26,6 +26,9 @@ struct LoopConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   int threads = 1;
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  double peak_tflops = 0;          // 0: known figures by GPU name
 };
 
 struct DataConfig {
@@ -42,6 +45,7 @@ struct TrainConfig {
   RunConfig run;
   ModelConfig model;
   ParallelConfig parallel;
+  CommConfig comm;
   LoopConfig loop;
   OptimConfig optim;
   DataConfig data;

@@ -1,7 +1,8 @@
 // `dstrain train`: data-parallel training of a DeepSeek-LLM model on this rank's share of each
-// global batch, collective over MPI_COMM_WORLD.
+// global batch, collective over MPI_COMM_WORLD, on the CPU or one GPU per rank.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "dstrain/core/config.h"
@@ -13,6 +14,11 @@ struct TrainResult {
   double final_loss = 0.0;
   double final_eval_loss = -1.0;  // -1 without a validation corpus
   std::string param_digest;       // FNV-1a over every parameter's name and bytes
+  // Throughput after warm-up: over the log intervals after the first (the first pays for
+  // allocation and kernel selection), or over the only one.
+  double tokens_per_s = 0.0;
+  double mfu = 0.0;               // 0 when the device's peak is unknown
+  int64_t peak_memory_bytes = 0;  // on the GPU (caching allocator's peak); 0 on the CPU
 };
 
 // Reads and checks the configuration, trains, and writes the run directory (config.ini,

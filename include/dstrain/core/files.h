@@ -1,0 +1,28 @@
+// The few file-system operations dstrain needs, on POSIX calls rather than std::filesystem:
+// LibTorch 2.x wheels export their own statically linked copy of std::filesystem (pytorch/pytorch
+// issue 133437), which the dynamic linker may bind a program's calls to, and with which
+// directory iteration crashes. These functions never throw; callers turn failures into errors
+// that name the file and what it was for.
+#pragma once
+
+#include <string>
+
+namespace dstrain::files {
+
+bool is_regular_file(const std::string& path);
+bool exists(const std::string& path);
+// Creates `path` and its missing parents; on failure returns false with the reason in `error`.
+bool make_directories(const std::string& path, std::string* error);
+// Removes a file or a whole directory tree, as far as it can.
+void remove_tree(const std::string& path);
+// Atomic within one file system; on failure returns false with the reason in `error`.
+bool rename(const std::string& from, const std::string& to, std::string* error);
+// $TMPDIR, or /tmp.
+std::string temp_directory();
+
+// "a/b/c.jsonl" → "a/b", "c", ".jsonl" (the extension keeps its dot; none: "").
+std::string parent(const std::string& path);
+std::string stem(const std::string& path);
+std::string extension(const std::string& path);
+
+}  // namespace dstrain::files

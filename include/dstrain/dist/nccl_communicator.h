@@ -1,0 +1,18 @@
+// The NCCL backend, compiled when LibTorch has CUDA and NCCL is found (DSTRAIN_WITH_NCCL).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "dstrain/dist/communicator.h"
+
+namespace dstrain {
+
+// Collective over `group` (an MPI communicator of the ranks that form this NCCL communicator):
+// its first rank creates the ncclUniqueId and MPI broadcasts it. Every rank needs a GPU of its
+// own (NCCL refuses two ranks on one GPU). An operation that has not finished after `timeout_s` seconds aborts the communicator.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, const torch::Device& device,
+                                                     double timeout_s);
+
+}  // namespace dstrain

@@ -1,0 +1,69 @@
+#include "dstrain/core/accelerator.h"
+
+#include <torch/cuda.h>
+
+#ifdef DSTRAIN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace dstrain::accel {
+
+bool cuda_compiled() {
+#ifdef DSTRAIN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int device_count() { return cuda_compiled() && torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+#ifdef DSTRAIN_WITH_CUDA
+std::string device_name(int index) { return at::cuda::getDeviceProperties(index)->name; }
+std::string device_uuid(int index) {
+  const cudaUUID_t& uuid = at::cuda::getDeviceProperties(index)->uuid;
+  return std::string(uuid.bytes, sizeof uuid.bytes);
+}
+int64_t device_total_memory(int index) {
+  return static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+}
+void set_current_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+}
+// Index 0 of each statistic array is the aggregate over every pool.
+int64_t peak_allocated_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
+}
+void reset_peak_allocated_bytes(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+#else
+std::string device_name(int) { return "cpu"; }
+std::string device_uuid(int) { return std::string(16, '\0'); }
+int64_t device_total_memory(int) { return 0; }
+void set_current_device(int) {}
+void synchronize(const torch::Device&) {}
+int64_t peak_allocated_bytes(const torch::Device&) { return 0; }
+void reset_peak_allocated_bytes(const torch::Device&) {}
+#endif
+
+double known_peak_tflops(const std::string& name, const std::string& precision) {
+  struct Peak {
+    const char* name_part;
+    double half, fp32;  // dense bf16/fp16 tensor-core and fp32 (non-tensor) TFLOP/s
+  };
+  // More specific names first: "H100 PCIe" before "H100".
+  static const Peak peaks[] = {
+      {"H200", 989.4, 66.9},   {"H100 PCIe", 756.0, 51.2}, {"H100", 989.4, 66.9},
+      {"A100", 312.0, 19.5},
+  };
+  for (const Peak& p : peaks)
+    if (name.find(p.name_part) != std::string::npos) return precision == "fp32" ? p.fp32 : p.half;
+  return 0.0;
+}
+
+}  // namespace dstrain::accel

@@ -1,0 +1,84 @@
+#include "dstrain/core/files.h"
+
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace dstrain::files {
+
+bool is_regular_file(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+bool make_directories(const std::string& path, std::string* error) {
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
+      *error = prefix + ": " + std::strerror(errno);
+      return false;
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    *error = path + ": not a directory";
+    return false;
+  }
+  return true;
+}
+
+void remove_tree(const std::string& path) {
+  // Children before their directory (FTW_DEPTH), links themselves rather than their targets.
+  ::nftw(
+      path.c_str(), [](const char* entry, const struct stat*, int, struct FTW*) { return ::remove(entry), 0; }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+bool rename(const std::string& from, const std::string& to, std::string* error) {
+  if (std::rename(from.c_str(), to.c_str()) == 0) return true;
+  *error = std::strerror(errno);
+  return false;
+}
+
+std::string temp_directory() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
+std::string parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return "";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+namespace {
+std::string file_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+}  // namespace
+
+std::string stem(const std::string& path) {
+  const std::string name = file_name(path);
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
+std::string extension(const std::string& path) {
+  const std::string name = file_name(path);
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos || dot == 0 ? "" : name.substr(dot);
+}
+
+}  // namespace dstrain::files

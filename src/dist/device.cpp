@@ -1,0 +1,31 @@
+#include "dstrain/dist/device.h"
+
+#include "dstrain/core/accelerator.h"
+#include "dstrain/dist/mpi_check.h"
+
+namespace dstrain {
+
+DevicePlacement place_rank(const std::string& requested) {
+  DevicePlacement placement;
+  // Ranks that share memory share a node: their order there picks the GPU, as srun's
+  // SLURM_LOCALID and mpirun's OMPI_COMM_WORLD_LOCAL_RANK would, under either launcher.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_rank(node, &placement.local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &placement.local_size));
+  MPI_CHECK(MPI_Comm_free(&node));
+
+  const int gpus = accel::device_count();
+  if (requested == "cpu" || (requested == "auto" && gpus == 0)) return placement;
+  if (gpus == 0)
+    throw config_error("train.device", requested,
+                       accel::cuda_compiled() ? "no GPU is visible to this process (CUDA_VISIBLE_DEVICES?)"
+                                              : "this dstrain was built with a LibTorch without CUDA; use cpu");
+  const int index = placement.local_rank % gpus;
+  placement.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  accel::set_current_device(index);
+  placement.name = accel::device_name(index);
+  return placement;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,212 @@
+#include "dstrain/dist/nccl_communicator.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "dstrain/core/error.h"
+#include "dstrain/dist/mpi_check.h"
+
+namespace dstrain {
+namespace {
+
+[[noreturn]] void throw_nccl_error(ncclResult_t status, const char* call, const char* file, int line) {
+  throw comm_error(std::string("NCCL call failed: ") + call + " (" + file + ":" + std::to_string(line) +
+                   "): " + ncclGetErrorString(status) + ". Setting NCCL_DEBUG=WARN shows NCCL's own account.");
+}
+
+#define NCCL_CHECK(call)                                                          \
+  do {                                                                            \
+    ncclResult_t nccl_check_status_ = (call);                                     \
+    if (nccl_check_status_ != ncclSuccess)                                        \
+      throw_nccl_error(nccl_check_status_, #call, __FILE__, __LINE__);            \
+  } while (0)
+
+ncclDataType_t nccl_type(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return ncclFloat32;
+    case torch::kFloat64: return ncclFloat64;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kFloat16: return ncclFloat16;
+    case torch::kInt64: return ncclInt64;
+    case torch::kInt32: return ncclInt32;
+    case torch::kUInt8: return ncclUint8;
+    default:
+      throw Error(ExitCode::kInternal, std::string("NCCL backend: no NCCL type for dtype ") +
+                                           c10::toString(t.scalar_type()));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm group, const torch::Device& device, double timeout_s)
+      : device_(device),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
+        timeout_s_(timeout_s) {
+    MPI_CHECK(MPI_Comm_dup(group, &mpi_));
+    MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
+    MPI_CHECK(MPI_Comm_size(mpi_, &size_));
+    c10::cuda::CUDAGuard guard(device_);
+    ncclUniqueId id;
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
+    NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+
+  ~NcclCommunicator() override {
+    // Statuses ignored: a destructor cannot report them, and an aborted communicator is gone.
+    if (comm_) {
+      cudaStreamSynchronize(stream_.stream());
+      ncclCommDestroy(comm_);
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&mpi_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  void all_reduce(torch::Tensor& t, ReduceOp op) override {
+    require_on_device(t, "all_reduce");
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
+    });
+  }
+
+  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override {
+    require_on_device(output, "reduce_scatter");
+    require_on_device(input, "reduce_scatter");
+    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
+      throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(output),
+                                   nccl_op(op), comm_, s));
+    });
+  }
+
+  void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    require_on_device(output, "all_gather");
+    require_on_device(input, "all_gather");
+    if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
+      throw Error(ExitCode::kInternal, "all_gather: output must hold size() copies of input's shape");
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm_, s));
+    });
+  }
+
+  void broadcast(torch::Tensor& t, int root) override {
+    require_on_device(t, "broadcast");
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s));
+    });
+  }
+
+  void send(const torch::Tensor& t, int peer) override {
+    require_on_device(t, "send");
+    run([&](cudaStream_t s) { NCCL_CHECK(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s)); });
+  }
+
+  void recv(torch::Tensor& t, int peer) override {
+    require_on_device(t, "recv");
+    run([&](cudaStream_t s) { NCCL_CHECK(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s)); });
+  }
+
+  void barrier() override {
+    synchronize();
+    MPI_CHECK(MPI_Barrier(mpi_));
+  }
+
+  void synchronize() override {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    while (!last_done_.query()) {
+      check_async_error();
+      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
+        abort();
+        throw comm_error("NCCL: an operation on " + std::to_string(size_) +
+                         " ranks did not finish within comm.timeout_s = " + std::to_string(timeout_s_) +
+                         " s (a peer rank died or hangs); the communicator was aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    check_async_error();
+  }
+
+ private:
+  // The collective runs on this communicator's own stream: it starts when the computation
+  // queued so far on the caller's stream is done, and the caller's later kernels wait for it.
+  // (Because they wait, a tensor freed by the caller cannot be reused before NCCL is done with
+  // it, and no recordStream is needed.)
+  template <typename Enqueue>
+  void run(Enqueue&& enqueue) {
+    if (!comm_) throw comm_error("NCCL: the communicator was aborted after an earlier failure");
+    c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    at::cuda::CUDAEvent inputs_ready;
+    inputs_ready.record(compute);
+    inputs_ready.block(stream_);
+    enqueue(stream_.stream());
+    last_done_.record(stream_);
+    last_done_.block(compute);
+    check_async_error();
+  }
+
+  void check_async_error() {
+    if (!comm_) return;
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess) {
+      std::string detail = ncclGetLastError(comm_);
+      abort();
+      throw comm_error(std::string("NCCL: asynchronous error: ") + ncclGetErrorString(async) +
+                       (detail.empty() ? "" : " (" + detail + ")"));
+    }
+  }
+
+  void abort() {
+    if (comm_) ncclCommAbort(comm_);  // status ignored: we are already reporting a failure
+    comm_ = nullptr;
+  }
+
+  void require_on_device(const torch::Tensor& t, const char* what) const {
+    if (t.device() != device_ || !t.is_contiguous())
+      throw Error(ExitCode::kInternal, std::string("NCCL backend: ") + what +
+                                           " needs a contiguous tensor on " + device_.str());
+  }
+
+  torch::Device device_;
+  c10::cuda::CUDAStream stream_;
+  at::cuda::CUDAEvent last_done_;
+  double timeout_s_;
+  MPI_Comm mpi_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm group, const torch::Device& device,
+                                                     double timeout_s) {
+  return std::make_unique<NcclCommunicator>(group, device, timeout_s);
+}
+
+}  // namespace dstrain
