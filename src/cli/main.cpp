@@ -2,11 +2,14 @@
 // its module; errors become one message and a documented exit code (README, "Exit codes").
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
@@ -26,6 +29,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a model: mpirun -np N dstrain train --config input/demo.ini [--section.key value ...]\n"
     "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
+    "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -43,6 +47,39 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   MpiSession mpi(&argc, &argv);
   log::configure(mpi.world_rank(), false);
   run_training(parsed.options);
+  return 0;
+}
+
+int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
+  const std::vector<std::string> kinds = {"step", "comm", "memory", "io"};
+  if (args.empty() || std::find(kinds.begin(), kinds.end(), args[0]) == kinds.end()) {
+    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+      std::cout << "usage: [mpirun -np N] dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
+                   "  step    training steps of the configured model on random tokens: tokens/s, MFU, peak memory\n"
+                   "  comm    all-reduce, reduce-scatter, all-gather bus bandwidth over message sizes\n"
+                   "  memory  host, device and host<->device copy bandwidth\n"
+                   "  io      read bandwidth of the corpus data.train\n"
+                << bench::option_table().help_text();
+      return 0;
+    }
+    throw Error(ExitCode::kUsage, "bench: say what to measure: step, comm, memory or io (see dstrain bench --help)");
+  }
+  OptionTable table = bench::option_table();
+  ParsedCommandLine parsed = parse_command_line(table, std::vector<std::string>(args.begin() + 1, args.end()));
+  if (parsed.help_requested) return bench_command(argc, argv, {"--help"});
+  MpiSession mpi(&argc, &argv);
+  log::configure(mpi.world_rank(), false);
+  const std::string& kind = args[0];
+  nlohmann::json result = kind == "step"   ? bench::step(parsed.options)
+                          : kind == "comm" ? bench::comm(parsed.options)
+                          : kind == "memory" ? bench::memory(parsed.options)
+                                             : bench::io(parsed.options);
+  const std::string json_path = parsed.options.get_string("bench.json");
+  if (!json_path.empty() && mpi.world_rank() == 0) {
+    std::ofstream out(json_path, std::ios::trunc);
+    out << result.dump(2) << "\n";
+    if (!out) throw config_error("bench.json", json_path, "cannot write this file");
+  }
   return 0;
 }
 
@@ -105,7 +142,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return train_command(argc, argv, rest);
     if (command == "prep") return prep_command(rest);
-    throw Error(ExitCode::kUsage, "unknown command '" + command + "' (commands: train, prep; see dstrain --help)");
+    if (command == "bench") return bench_command(argc, argv, rest);
+    throw Error(ExitCode::kUsage, "unknown command '" + command + "' (commands: train, prep, bench; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());

@@ -1,0 +1,35 @@
+#include "bench.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "dstrain/train/train_config.h"
+
+namespace dstrain::bench {
+
+OptionTable option_table() {
+  OptionTable t = train_option_table();
+  t.add("bench.warmup", OptionKind::kInt, "5", "step: steps before timing starts (the first log interval)");
+  t.add("bench.steps", OptionKind::kInt, "10", "step: timed steps");
+  t.add("bench.min_bytes", OptionKind::kInt, "1024", "comm: smallest message");
+  t.add("bench.max_bytes", OptionKind::kInt, "0", "comm: largest message (0: 1 GiB on GPUs, 64 MiB on the CPU)");
+  t.add("bench.iters", OptionKind::kInt, "20", "comm, memory: timed repetitions of each measurement");
+  t.add("bench.bytes", OptionKind::kInt, "0", "memory: bytes per copy (0: 1 GiB on GPUs, 256 MiB on the CPU)");
+  t.add("bench.samples", OptionKind::kInt, "2000", "io: random samples of seq_len + 1 tokens to read");
+  t.add("bench.json", OptionKind::kString, "", "also write the results as JSON to this file (rank 0)");
+  return t;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, bytes == std::floor(bytes) ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return text;
+}
+
+}  // namespace dstrain::bench

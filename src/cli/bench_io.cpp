@@ -1,0 +1,54 @@
+// bench io: how fast a corpus is read, in the loader's pattern (random samples of seq_len + 1
+// tokens, hyperslab reads) and front to back.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "bench.h"
+#include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
+#include "dstrain/data/corpus.h"
+#include "dstrain/data/loader.h"
+
+namespace dstrain::bench {
+
+nlohmann::json io(const Options& o) {
+  using Clock = std::chrono::steady_clock;
+  const std::string path = o.get_string("data.train");
+  if (path.empty()) throw config_error("data.train", "", "give the corpus to read");
+  const CorpusReader corpus(path);
+  const uint64_t seq = static_cast<uint64_t>(o.get_int("train.seq_len", 1));
+  const uint64_t n_samples = samples_in_corpus(corpus.info().n_tokens, seq);
+  if (n_samples == 0) throw data_error(path + ": fewer tokens than one sample of train.seq_len + 1");
+  const uint64_t token_bytes = corpus.info().vocab_size <= 65536 ? 2 : 4;
+  const int64_t reads = o.get_int("bench.samples", 1);
+  nlohmann::json rows = nlohmann::json::array();
+  auto report = [&](const char* what, double bytes, double seconds, double items) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-30s %10.1f MB/s %12.0f reads/s", what, bytes / seconds / 1e6, items / seconds);
+    log::info(line);
+    rows.push_back({{"read", what}, {"bytes", bytes}, {"seconds", seconds}, {"mbps", bytes / seconds / 1e6}});
+  };
+  log::info("bench io: ", path, ", ", corpus.info().n_tokens, " tokens of ", token_bytes, " bytes");
+
+  std::vector<uint32_t> buffer(seq + 1);
+  std::mt19937_64 random(1);
+  std::uniform_int_distribution<uint64_t> sample(0, n_samples - 1);
+  Clock::time_point start = Clock::now();
+  for (int64_t i = 0; i < reads; ++i) corpus.read(sample(random) * seq, seq + 1, buffer.data());
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report("random samples", static_cast<double>(reads * (seq + 1) * token_bytes), seconds, static_cast<double>(reads));
+
+  const uint64_t chunk = uint64_t{1} << 20;  // tokens per sequential read
+  buffer.resize(chunk);
+  start = Clock::now();
+  uint64_t chunks = 0;
+  for (uint64_t offset = 0; offset < corpus.info().n_tokens; offset += chunk, ++chunks)
+    corpus.read(offset, std::min(chunk, corpus.info().n_tokens - offset), buffer.data());
+  seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report("sequential, 1M-token reads", static_cast<double>(corpus.info().n_tokens * token_bytes), seconds,
+         static_cast<double>(chunks));
+  return {{"bench", "io"}, {"corpus", path}, {"results", rows}};
+}
+
+}  // namespace dstrain::bench
