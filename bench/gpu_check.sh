@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU host, in one go: configure and build dstrain with CUDA (Release), run the GPU tests, the
+# benchmarks and the PyTorch comparison, then the CPU test suite against this LibTorch. Everything
+# goes to RESULTS_DIR/gpu_check.log (JSON figures beside it); the end of the output is a summary.
+#   bench/gpu_check.sh RESULTS_DIR [cmake arguments: where LibTorch, MPI, HDF5, NCCL are]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+results=${1:?usage: bench/gpu_check.sh RESULTS_DIR [cmake arguments]}
+shift
+mkdir -p "$results"
+log=$results/gpu_check.log
+build=${BUILD_DIR:-/tmp/dstrain-build-gpu}
+summary=()
+stage() {  # stage NAME COMMAND...: runs it, logs it, remembers how it ended
+  local name=$1 started=$SECONDS
+  shift
+  echo "=== $name: $*" >>"$log"
+  "$@" >>"$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - started)))")
+  return $rc
+}
+cd "$root"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+} >>"$log" 2>&1
+stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
+  stage build cmake --build "$build" -j "$(nproc)" || { tail -60 "$log"; printf '%s\n' "${summary[@]}"; exit 1; }
+grep -E "CUDA: |NCCL backend" "$log" | tail -1
+stage "ctest gpu" ctest --test-dir "$build" -L gpu --output-on-failure -j 2
+stage "bench step (1B, bf16)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results" bench/compare_pytorch.sh
+stage "bench step micro_batch 8" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
+  --train.micro_batch 8 --train.grad_accum 1 --bench.json "$results/step_mb8.json"
+stage "pytorch eager micro_batch 8" python3 bench/pytorch_reference.py --config input/deepseek-llm-1b.ini \
+  --micro-batch 8 --grad-accum 1 --json "$results/eager_mb8.json"
+stage "bench comm" "$build/dstrain" bench comm --bench.json "$results/comm.json" --bench.iters 10
+stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory.json"
+stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
+grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Skipped|^dstrain |^pytorch |tok/s" "$log" | tail -40
+printf '%s\n' "${summary[@]}"
