@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, makes the demo corpus from the license texts every Debian
-# system ships (/usr/share/common-licenses), and trains input/demo.ini data-parallel on 2 ranks.
+# system ships (/usr/share/common-licenses), and trains input/demo.ini on 4 ranks: 2 data-parallel
+# × 2 pipeline stages.
 # Extra arguments are configuration overrides, e.g. scripts/demo.sh --train.steps 50
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,4 +23,4 @@ fi
 if [[ $(id -u) -eq 0 ]]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-mpirun -np 2 --oversubscribe "$dstrain" train --config input/demo.ini "$@"
+mpirun -np 4 --oversubscribe "$dstrain" train --config input/demo.ini "$@"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
@@ -30,6 +31,7 @@ const char* kUsage =
     "  train   train a model: mpirun -np N dstrain train --config input/demo.ini [--section.key value ...]\n"
     "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
+    "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -45,7 +47,7 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
     return 0;
   }
   MpiSession mpi(&argc, &argv);
-  log::configure(mpi.world_rank(), false);
+  log::configure(mpi.world_rank(), mpi.world_size(), false);
   run_training(parsed.options);
   return 0;
 }
@@ -68,7 +70,7 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
   ParsedCommandLine parsed = parse_command_line(table, std::vector<std::string>(args.begin() + 1, args.end()));
   if (parsed.help_requested) return bench_command(argc, argv, {"--help"});
   MpiSession mpi(&argc, &argv);
-  log::configure(mpi.world_rank(), false);
+  log::configure(mpi.world_rank(), mpi.world_size(), false);
   const std::string& kind = args[0];
   nlohmann::json result = kind == "step"   ? bench::step(parsed.options)
                           : kind == "comm" ? bench::comm(parsed.options)
@@ -143,7 +145,9 @@ int main(int argc, char** argv) {
     if (command == "train") return train_command(argc, argv, rest);
     if (command == "prep") return prep_command(rest);
     if (command == "bench") return bench_command(argc, argv, rest);
-    throw Error(ExitCode::kUsage, "unknown command '" + command + "' (commands: train, prep, bench; see dstrain --help)");
+    if (command == "pipeline") return pipeline_command(rest);
+    throw Error(ExitCode::kUsage,
+                "unknown command '" + command + "' (commands: train, prep, bench, pipeline; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());

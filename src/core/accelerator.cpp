@@ -2,8 +2,11 @@
 
 #include <torch/cuda.h>
 
+#include <chrono>
+
 #ifdef DSTRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -50,6 +53,33 @@ void synchronize(const torch::Device&) {}
 int64_t peak_allocated_bytes(const torch::Device&) { return 0; }
 void reset_peak_allocated_bytes(const torch::Device&) {}
 #endif
+
+Timestamp Timestamp::now(const torch::Device& device) {
+  Timestamp t;
+#ifdef DSTRAIN_WITH_CUDA
+  if (device.is_cuda()) {
+    auto event = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // with timing
+    event->record(at::cuda::getCurrentCUDAStream(device.index()));
+    t.event_ = event;
+    return t;
+  }
+#else
+  (void)device;
+#endif
+  t.host_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return t;
+}
+
+double Timestamp::seconds_since(const Timestamp& earlier) const {
+#ifdef DSTRAIN_WITH_CUDA
+  if (event_ && earlier.event_) {
+    auto* later_event = static_cast<at::cuda::CUDAEvent*>(event_.get());
+    later_event->synchronize();
+    return static_cast<at::cuda::CUDAEvent*>(earlier.event_.get())->elapsed_time(*later_event) / 1000.0;
+  }
+#endif
+  return host_seconds_ - earlier.host_seconds_;
+}
 
 double known_peak_tflops(const std::string& name, const std::string& precision) {
   struct Peak {

@@ -6,22 +6,24 @@
 namespace dstrain::log {
 namespace {
 
-int g_rank = 0;
+int g_rank = 0, g_world_size = 1;
 bool g_all_ranks = false;
 std::mutex g_mutex;  // the prefetch thread may log too
 
 void emit(FILE* stream, const char* level, const std::string& line, bool force) {
   if (!force && !is_printing_rank()) return;
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_all_ranks || force) std::fprintf(stream, "[rank %d] ", g_rank);
+  // Which rank speaks matters only when there are several.
+  if ((g_all_ranks || force) && g_world_size > 1) std::fprintf(stream, "[rank %d] ", g_rank);
   std::fprintf(stream, "%s%s\n", level, line.c_str());
   std::fflush(stream);
 }
 
 }  // namespace
 
-void configure(int world_rank, bool all_ranks) {
+void configure(int world_rank, int world_size, bool all_ranks) {
   g_rank = world_rank;
+  g_world_size = world_size;
   g_all_ranks = all_ranks;
 }
 

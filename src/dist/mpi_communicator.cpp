@@ -176,6 +176,25 @@ void MpiCommunicator::recv(torch::Tensor& tensor, int peer) {
   host.copy_out();
 }
 
+void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
+  std::vector<HostView> host;
+  host.reserve(transfers.size());
+  std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    Transfer& t = transfers[i];
+    require_contiguous(t.tensor, "exchange");
+    host.emplace_back(t.tensor, /*copy_in=*/t.send);
+    const int bytes = checked_count(t.tensor.nbytes());
+    if (t.send)
+      MPI_CHECK(MPI_Isend(host.back().data(), bytes, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]));
+    else
+      MPI_CHECK(MPI_Irecv(host.back().data(), bytes, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]));
+  }
+  MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  for (size_t i = 0; i < transfers.size(); ++i)
+    if (!transfers[i].send) host[i].copy_out();
+}
+
 void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
 
 }  // namespace dstrain

@@ -1,5 +1,7 @@
 #include "dstrain/dist/parallel_config.h"
 
+#include <cstdlib>
+
 #include "dstrain/core/error.h"
 #include "dstrain/dist/rank_grid.h"
 
@@ -10,6 +12,12 @@ void add_parallel_options(OptionTable& t) {
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
   t.add("parallel.order", OptionKind::kString, "dp-pp",
         "grid order, innermost first: dp-pp keeps DP groups on consecutive ranks");
+  t.add("parallel.schedule", OptionKind::kString, "1f1b",
+        "pipeline schedule: gpipe, 1f1b, or interleaved (1F1B over virtual_stages chunks per stage)");
+  t.add("parallel.virtual_stages", OptionKind::kInt, "1",
+        "model chunks per pipeline stage (interleaved schedule: 2 or more)");
+  t.add("parallel.stage_layers", OptionKind::kString, "",
+        "layers of each virtual stage, e.g. 9,8,8,7 (empty: balanced by FLOPs, the LM head counted)");
 }
 
 void add_comm_options(OptionTable& t) {
@@ -25,9 +33,20 @@ void add_comm_options(OptionTable& t) {
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
-  if (c.pp != 1)
-    throw config_error("parallel.pp", o.raw("parallel.pp"),
-                       "pipeline parallelism is not available in this version; use 1");
+  c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved"});
+  c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 1, 1024));
+  const std::string layers = o.get_string("parallel.stage_layers");
+  for (size_t start = 0; !layers.empty() && start <= layers.size();) {
+    size_t comma = layers.find(',', start);
+    const std::string item = layers.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const long long count = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0')
+      throw config_error("parallel.stage_layers", layers, "expected layer counts separated by commas, e.g. 9,8,8,7");
+    c.stage_layers.push_back(count);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
   int64_t dp = o.get_int("parallel.dp", 0, INT32_MAX);
   if (dp == 0) {
     if (world_size % c.pp != 0)

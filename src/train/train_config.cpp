@@ -2,6 +2,8 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/pipeline/partition.h"
+#include "dstrain/pipeline/schedule.h"
 
 namespace dstrain {
 namespace {
@@ -97,6 +99,7 @@ OptionTable train_option_table() {
   add_loop_options(table);
   add_optim_options(table);
   add_data_options(table);
+  add_ckpt_options(table);
   add_log_options(table);
   return table;
 }
@@ -110,6 +113,10 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.parallel = read_parallel_config(o, world_size);
   c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
+  // The schedule and the split of the layers, checked now (the trainer makes them again).
+  check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
+                 static_cast<int>(c.loop.grad_accum));
+  partition_layers(c.model, c.loop.seq_len, c.parallel.pp * c.parallel.virtual_stages, c.parallel.stage_layers);
   c.optim = read_optim_config(o);
   if (c.optim.decay_steps == 0) {
     c.optim.decay_steps = c.loop.steps;
@@ -125,6 +132,7 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.data.valid = o.get_string("data.valid");
   if (!c.data.valid.empty()) require_file(o, "data.valid");
   c.data.prefetch = o.get_int("data.prefetch", 1, 1024);
+  c.ckpt = read_ckpt_config(o);
   c.log.interval = o.get_int("log.interval", 1);
   c.log.all_ranks = o.get_bool("log.all_ranks");
   return c;

@@ -1,5 +1,6 @@
 #include "dstrain/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include <memory>
 #include <optional>
 
+#include "dstrain/ckpt/gather.h"
+#include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
@@ -22,6 +25,8 @@
 #include "dstrain/optim/gradients.h"
 #include "dstrain/optim/loss_scaler.h"
 #include "dstrain/optim/lr_schedule.h"
+#include "dstrain/pipeline/executor.h"
+#include "dstrain/pipeline/partition.h"
 #include "dstrain/train/metrics.h"
 #include "dstrain/train/train_config.h"
 
@@ -84,6 +89,17 @@ struct LoggedInterval {
   double loss = 0, seconds = 0, tokens = 0;
 };
 
+// The parameters of several model chunks, by global name in name order.
+NamedTensors parameters_of(const std::vector<CausalLM>& chunks) {
+  NamedTensors params;
+  for (const CausalLM& chunk : chunks) {
+    NamedTensors mine = sorted_parameters(*chunk);
+    params.insert(params.end(), mine.begin(), mine.end());
+  }
+  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return params;
+}
+
 class Trainer {
  public:
   Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel,
@@ -94,6 +110,9 @@ class Trainer {
   StepTensors train_step(int64_t step);
   double evaluate();
   torch::Tensor next_batch(DataLoader& loader);
+  uint64_t consumed_samples(int64_t step) const {
+    return static_cast<uint64_t>(step) * static_cast<uint64_t>(config_.loop.global_batch);
+  }
   // Synchronises, checks that the interval's steps were finite, writes the log line and the
   // metrics record. `earlier_seconds`: time spent in the steps before the interval (for the ETA).
   LoggedInterval log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
@@ -104,8 +123,8 @@ class Trainer {
   DevicePlacement placement_;
   bool is_reporting_rank_;
   std::shared_ptr<const CorpusReader> train_corpus_, valid_corpus_;
-  CausalLM model_{nullptr};
-  NamedTensors params_;
+  std::unique_ptr<PipelineExecutor> executor_;  // this stage's model chunks and schedule
+  NamedTensors params_;                          // of every chunk of this stage
   std::unique_ptr<GradientBuffer> grads_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DynamicLossScaler> loss_scaler_;  // fp16 only
@@ -113,11 +132,12 @@ class Trainer {
   torch::Tensor nonfinite_steps_;                   // steps whose gradient norm was not finite
   LrSchedule schedule_;
   LoaderOptions loader_options_;
-  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<DataLoader> loader_;  // on the stages that need tokens (first, last)
   MetricsLog metrics_;
   std::string summary_path_;
   double flops_per_token_;
   double peak_flops_;  // of all devices together; 0: unknown
+  std::string pipeline_text_;  // how the layers are spread, for the start-up report
   int64_t last_logged_step_ = 0;
 };
 
@@ -142,14 +162,33 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   if (dtype == torch::kFloat16 && !device.is_cuda())
     throw config_error("train.precision", "fp16",
                        "LibTorch's CPU kernels have no fp16 matrix products; use bf16 on the CPU (fp16 runs on GPUs)");
-  model_ = CausalLM(c.model, LayerSlice::whole(c.model));
-  initialize_parameters(*model_, c.model, c.run.seed);
-  model_->to(device);
-  if (dtype != torch::kFloat32) {
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& p : model_->parameters()) p.set_data(p.data().to(dtype));
+  // This stage holds chunk c = virtual stage c × pp + stage, for each of its virtual_stages chunks.
+  const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
+  const std::vector<LayerSlice> slices =
+      partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
+  std::vector<CausalLM> chunks;
+  for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
+    CausalLM model(c.model, slices[chunk * pp + stage]);
+    initialize_parameters(*model, c.model, c.run.seed);
+    model->to(device);
+    if (dtype != torch::kFloat32) {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& p : model->parameters()) p.set_data(p.data().to(dtype));
+    }
+    chunks.push_back(model);
   }
-  params_ = sorted_parameters(*model_);
+  params_ = parameters_of(chunks);
+  if (pp * chunks_per_stage > 1) {
+    pipeline_text_ = "pipeline: " + std::to_string(pp) + " stages × " + std::to_string(chunks_per_stage) +
+                     " chunk(s), schedule " + c.parallel.schedule + ", layers per virtual stage";
+    for (const LayerSlice& slice : slices) pipeline_text_ += " " + std::to_string(slice.last - slice.first);
+  }
+  const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
+  const int microbatches = static_cast<int>(c.loop.grad_accum);
+  executor_ = std::make_unique<PipelineExecutor>(
+      make_schedule(schedule, pp, chunks_per_stage, microbatches),
+      make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, chunks,
+      *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, c.model.hidden_size, dtype, device});
   grads_ = std::make_unique<GradientBuffer>(params_);
   optimizer_ = std::make_unique<AdamW>(
       params_, AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
@@ -170,7 +209,8 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   loader_options_.model_vocab = c.model.vocab_size;
   loader_options_.prefetch_depth = c.data.prefetch;
   loader_options_.pin_memory = device.is_cuda();
-  loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/0);
+  if (executor_->needs_batches())
+    loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/0);
   if (valid_corpus_) {
     uint64_t available = samples_in_corpus(valid_corpus_->info().n_tokens, c.loop.seq_len) /
                          static_cast<uint64_t>(c.loop.global_batch);
@@ -201,21 +241,21 @@ torch::Tensor Trainer::next_batch(DataLoader& loader) {
 }
 
 StepTensors Trainer::train_step(int64_t step) {
-  const int64_t seq = config_.loop.seq_len, accum = config_.loop.grad_accum;
   grads_->zero();
-  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kFloat32).device(placement_.device));
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    torch::Tensor batch = next_batch(*loader_);
-    // Every micro-batch has the same number of tokens, so the mean of the micro-batch means is
-    // the mean over the global batch whatever grad_accum and dp are.
-    torch::Tensor loss = lm_loss(model_(batch.narrow(1, 0, seq)), batch.narrow(1, 1, seq)) / static_cast<double>(accum);
-    (loss_scaler_ ? loss * loss_scaler_->scale() : loss).backward();
-    grads_->accumulate();
-    loss_sum += loss.detach();
-  }
+  // Every micro-batch has the same number of tokens, so the mean of the micro-batch means is
+  // the mean over the global batch whatever grad_accum, dp and pp are.
+  std::vector<torch::Tensor> batches;
+  auto batch = [&](int microbatch) {
+    if (batches.empty())
+      for (int64_t i = 0; i < config_.loop.grad_accum; ++i) batches.push_back(next_batch(*loader_));
+    return batches[static_cast<size_t>(microbatch)];
+  };
+  torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum),
+                                                 loss_scaler_ ? loss_scaler_->scale() : torch::Tensor(),
+                                                 [&] { grads_->accumulate(); });
   average_gradients(*grads_, *parallel_.dp_group, wire_dtype_);
   if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
-  torch::Tensor norm = global_grad_norm(*grads_, /*model_group=*/nullptr);
+  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
   // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the
   // device); the next log line reports it, and stops the run unless fp16 overflow explains it.
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
@@ -228,19 +268,25 @@ StepTensors Trainer::train_step(int64_t step) {
 
 double Trainer::evaluate() {
   torch::NoGradGuard no_grad;
-  LoaderOptions options = loader_options_;
-  options.shuffle = false;  // the same sequences every time, whatever the step
-  DataLoader loader(valid_corpus_, options, /*start_step=*/0);
-  const int64_t seq = config_.loop.seq_len;
-  torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(placement_.device));
-  int64_t count = 0;
-  for (int64_t b = 0; b < config_.loop.eval_batches; ++b) {
-    for (int64_t micro = 0; micro < config_.loop.grad_accum; ++micro, ++count) {
-      torch::Tensor batch = next_batch(loader);
-      total += lm_loss(model_(batch.narrow(1, 0, seq)), batch.narrow(1, 1, seq)).to(torch::kFloat64);
-    }
+  std::unique_ptr<DataLoader> loader;
+  if (executor_->needs_batches()) {
+    LoaderOptions options = loader_options_;
+    options.shuffle = false;  // the same sequences every time, whatever the step
+    loader = std::make_unique<DataLoader>(valid_corpus_, options, /*start_step=*/0);
   }
-  torch::Tensor mean = total / static_cast<double>(count);
+  torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(placement_.device));
+  for (int64_t b = 0; b < config_.loop.eval_batches; ++b) {
+    std::vector<torch::Tensor> batches;
+    auto batch = [&](int microbatch) {
+      if (batches.empty())
+        for (int64_t i = 0; i < config_.loop.grad_accum; ++i) batches.push_back(next_batch(*loader));
+      return batches[static_cast<size_t>(microbatch)];
+    };
+    total += executor_->evaluate(batch);
+  }
+  // The losses are on the last stage: the sum over the stages brings them to every stage.
+  parallel_.pp_group->all_reduce(total, ReduceOp::kSum);
+  torch::Tensor mean = total / static_cast<double>(config_.loop.eval_batches * config_.loop.grad_accum);
   parallel_.dp_group->all_reduce(mean, ReduceOp::kAvg);
   parallel_.dp_group->synchronize();
   return mean.item<double>();
@@ -249,8 +295,11 @@ double Trainer::evaluate() {
 LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
                                      double earlier_seconds) {
   // The only host synchronisation of the interval: the values below wait for its last step.
+  // The loss is on the last stage: the sum over the stages brings it to every stage.
   torch::Tensor loss = tensors.loss.to(torch::kFloat64).reshape({1});
+  parallel_.pp_group->all_reduce(loss, ReduceOp::kSum);
   parallel_.dp_group->all_reduce(loss, ReduceOp::kAvg);
+  parallel_.pp_group->synchronize();
   parallel_.dp_group->synchronize();
   const double loss_value = loss.item<double>(), grad_norm = tensors.grad_norm.item<double>();
   const double seconds = seconds_since(interval.start);
@@ -285,8 +334,8 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                            {"grad_norm", grad_norm},
                            {"tokens_per_s", tokens_per_s},
                            {"step_time_s", step_seconds},
-                           {"consumed_samples", loader_->consumed_samples()},
-                           {"tokens", loader_->consumed_samples() * static_cast<uint64_t>(config_.loop.seq_len)}};
+                           {"consumed_samples", consumed_samples(step)},
+                           {"tokens", consumed_samples(step) * static_cast<uint64_t>(config_.loop.seq_len)}};
   if (peak_flops_ > 0) {
     const double mfu = flops_per_token_ * tokens_per_s / peak_flops_;
     record["mfu"] = mfu;
@@ -297,6 +346,16 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
     const double gib = static_cast<double>(accel::peak_allocated_bytes(placement_.device)) / (1 << 30);
     record["memory_gib"] = gib;
     std::snprintf(text, sizeof text, " | %.1f GiB", gib);
+    extra += text;
+  }
+  if (parallel_.grid.pp() > 1) {
+    // The share of the steps' time each stage's device waited for its neighbours, averaged over
+    // every rank: the bubble as it happened.
+    const auto [waited, span] = executor_->take_wait_and_span();
+    torch::Tensor idle = torch::full({1}, span > 0 ? waited / span : 0.0, torch::kFloat64);
+    parallel_.world->all_reduce(idle, ReduceOp::kAvg);
+    record["pipeline_idle"] = idle.item<double>();
+    std::snprintf(text, sizeof text, " | bubble %.0f%%", 100 * idle.item<double>());
     extra += text;
   }
   if (loss_scaler_) {
@@ -326,6 +385,7 @@ TrainResult Trainer::run() {
   log::info("model: ", with_commas(static_cast<double>(counts.total)), " parameters, ", flops,
             " FLOP per token (training); ", config_.loop.precision, " on ",
             placement_.device.str(), " (", placement_.name, "), comm ", parallel_.dp_group->backend());
+  if (!pipeline_text_.empty()) log::info(pipeline_text_);
   log::info("training ", steps, " steps: global batch ", config_.loop.global_batch, " × ",
             config_.loop.seq_len, " tokens (micro_batch ", config_.loop.micro_batch, " × grad_accum ",
             config_.loop.grad_accum, " × dp ", parallel_.grid.dp(), "), ",
@@ -365,8 +425,13 @@ TrainResult Trainer::run() {
   result.tokens_per_s = steady.tokens / steady.seconds;
   result.mfu = peak_flops_ > 0 ? flops_per_token_ * result.tokens_per_s / peak_flops_ : 0.0;
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
-  result.param_digest = parameter_digest(params_);
-  const uint64_t tokens = loader_->consumed_samples() * static_cast<uint64_t>(config_.loop.seq_len);
+  // The whole model on rank 0, whatever the layout: its digest, and the file if asked for.
+  const NamedTensors model = gather_parameters(params_, parallel_);
+  if (is_reporting_rank_) {
+    result.param_digest = parameter_digest(model);
+    if (config_.ckpt.save_final) write_parameter_file(config_.run.dir + "/final_model.h5", model);
+  }
+  const uint64_t tokens = consumed_samples(steps) * static_cast<uint64_t>(config_.loop.seq_len);
 
   log::info("done: ", steps, " steps in ", format_duration(seconds), ", ",
             with_commas(static_cast<double>(tokens)), " tokens (",
@@ -381,13 +446,17 @@ TrainResult Trainer::run() {
                               {"param_digest", result.param_digest},
                               {"precision", config_.loop.precision},
                               {"device", placement_.name},
-                              {"layout", {{"dp", parallel_.grid.dp()}, {"pp", parallel_.grid.pp()}}}};
+                              {"layout",
+                               {{"dp", parallel_.grid.dp()},
+                                {"pp", parallel_.grid.pp()},
+                                {"schedule", config_.parallel.schedule},
+                                {"virtual_stages", config_.parallel.virtual_stages}}}};
     if (valid_corpus_) summary["final_eval_loss"] = result.final_eval_loss;
     if (result.mfu > 0) summary["mfu"] = result.mfu;
     if (result.peak_memory_bytes > 0) summary["peak_memory_bytes"] = result.peak_memory_bytes;
     write_text_file(summary_path_, summary.dump(2) + "\n");
     log::info("metrics: ", metrics_.path(), "  config: ", config_.run.dir, "/config.ini  summary: ",
-              summary_path_);
+              summary_path_, config_.ckpt.save_final ? "  model: " + config_.run.dir + "/final_model.h5" : "");
   }
   return result;
 }
@@ -425,7 +494,7 @@ TrainResult run_training(Options options) {
   std::unique_ptr<Trainer> trainer;
   agreed_phase(world_rank, [&] {  // this rank alone: the configuration
     config = read_train_config(options, world_size);
-    log::configure(world_rank, config.log.all_ranks);
+    log::configure(world_rank, world_size, config.log.all_ranks);
   });
   agreed_phase(world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)
     placement = place_rank(config.loop.device);

@@ -38,17 +38,6 @@ class GpuTraining : public ::testing::Test {
   }
 };
 
-// The CPU reference: one rank, fp32.
-const std::string& cpu_reference() {
-  static std::string dir = [] {
-    std::string d = scratch_dir("gpu-cpu-reference");
-    RunOutput run = train_tiny(1, d, {"--train.device", "cpu"});
-    EXPECT_EQ(run.exit_code, 0) << run.output;
-    return d;
-  }();
-  return dir;
-}
-
 }  // namespace
 
 // fp32 on the GPU, two data-parallel ranks sharing it through the MPI backend: the CPU's
@@ -65,17 +54,21 @@ TEST_F(GpuTraining, Fp32DataParallelOnOneGpuMatchesTheCpu) {
   EXPECT_NE(read_json(gpu + "/summary.json")["device"].get<std::string>(), "cpu");
 }
 
-// bf16 parameters and activations (fp32 master weights) on the GPU: within bf16's tolerance of
-// the fp32 CPU run, with DP = 2 on one GPU through the MPI backend.
-TEST_F(GpuTraining, Bf16DataParallelOnOneGpuIsWithinBf16ToleranceOfTheCpu) {
-  std::string gpu = scratch_dir("gpu-bf16-dp2");
-  RunOutput run = train_tiny(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--train.precision", "bf16",
-                                 "--train.micro_batch", "1"});
+// bf16 parameters and activations (fp32 master weights) on the GPU, DP = 2 × PP = 2 on one GPU
+// through the MPI backend: within bf16's tolerance of the fp32 CPU run on one rank.
+TEST_F(GpuTraining, Bf16DataAndPipelineParallelOnOneGpuIsWithinBf16ToleranceOfTheCpu) {
+  std::string gpu = scratch_dir("gpu-bf16-dp2-pp2");
+  RunOutput run = train_tiny(4, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--train.precision", "bf16",
+                                      "--parallel.pp", "2", "--train.micro_batch", "1", "--train.global_batch", "4"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  expect_close_losses(gpu, cpu_reference(), 0.05);
+  std::string cpu = scratch_dir("gpu-bf16-cpu-reference");
+  RunOutput reference = train_tiny(1, cpu, {"--train.device", "cpu", "--train.micro_batch", "1", "--train.global_batch", "4"});
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  expect_close_losses(gpu, cpu, 0.05);
   expect_learns(gpu);
   auto records = train_records(gpu);
   EXPECT_GT(records.back()["memory_gib"].get<double>(), 0.0);
+  EXPECT_TRUE(records.back().contains("pipeline_idle"));
 }
 
 // One rank, default backend (NCCL when built with it), bf16 gradients on the wire: trains.

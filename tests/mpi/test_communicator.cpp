@@ -150,6 +150,25 @@ TEST(Communicator, BroadcastAndRingSendRecv) {
   EXPECT_TRUE(torch::equal(from_left.cpu(), contribution(left, 4)));
 }
 
+// A group posts every transfer at once: each rank sends to both neighbours and receives from
+// both (with two ranks, the same peer twice each way), which blocking sends in a ring could not.
+TEST(Communicator, ExchangeWithBothNeighboursInOneGroup) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  // Large enough that MPI cannot buffer a send and return before the receive is posted.
+  const int64_t n = 1 << 20;
+  torch::Tensor to_right = on_device(contribution(rank, n)), to_left = on_device(contribution(rank, n) * -1);
+  torch::Tensor from_left = on_device(torch::empty({n})), from_right = on_device(torch::empty({n}));
+  // Tag 0: travelling right, tag 1: travelling left; the same order at both ends.
+  std::vector<Transfer> group = {{true, to_right, right, 0}, {false, from_left, left, 0},
+                                 {true, to_left, left, 1}, {false, from_right, right, 1}};
+  world().exchange(group);
+  world().synchronize();
+  EXPECT_TRUE(torch::equal(from_left.cpu(), contribution(left, n)));
+  EXPECT_TRUE(torch::equal(from_right.cpu(), contribution(right, n) * -1));
+}
+
 // The result of a collective is visible to the very next kernel on the caller's stream, without
 // any explicit synchronisation (for NCCL: the events that order its stream and the caller's).
 TEST(Communicator, ResultIsOrderedBeforeTheCallersNextKernel) {

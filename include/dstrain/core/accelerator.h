@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "dstrain/core/torch_api.h"
@@ -28,6 +29,20 @@ void synchronize(const torch::Device& device);
 // 0 on the CPU, which has no such counter).
 int64_t peak_allocated_bytes(const torch::Device& device);
 void reset_peak_allocated_bytes(const torch::Device& device);
+
+// A point in the work queued on a device, to measure intervals of it without waiting for it: on a
+// GPU a CUDA event (it takes its time when the kernels queued before it have run), on the CPU,
+// where work is done when it is queued, the host clock.
+class Timestamp {
+ public:
+  static Timestamp now(const torch::Device& device);
+  // Seconds from `earlier` to this one; waits until this one has been reached.
+  double seconds_since(const Timestamp& earlier) const;
+
+ private:
+  double host_seconds_ = 0;
+  std::shared_ptr<void> event_;  // a CUDA event, on a GPU
+};
 
 // Dense peak TFLOP/s of the GPU named `name` for `precision` ("bf16", "fp16", "fp32"), from the
 // vendor's data sheets (A100, H100, H200); 0 when unknown. MFU divides by this.

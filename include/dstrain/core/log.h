@@ -7,7 +7,7 @@
 
 namespace dstrain::log {
 
-void configure(int world_rank, bool all_ranks);
+void configure(int world_rank, int world_size, bool all_ranks);
 bool is_printing_rank();
 
 void write_info(const std::string& line);

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dstrain/data/h5.h"
+#include "dstrain/core/h5.h"
 
 namespace dstrain {
 

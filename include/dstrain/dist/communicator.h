@@ -6,10 +6,19 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dstrain {
 
 enum class ReduceOp { kSum, kAvg, kMax };
+
+// One point-to-point transfer of a group (Communicator::exchange).
+struct Transfer {
+  bool send;            // else receive into `tensor`
+  torch::Tensor tensor;
+  int peer;
+  int tag;              // equal at both ends; tells apart transfers between the same two ranks
+};
 
 class Communicator {
  public:
@@ -31,6 +40,11 @@ class Communicator {
   // Shapes and dtypes are agreed beforehand (fixed by the config): no metadata travels.
   virtual void send(const torch::Tensor& tensor, int peer) = 0;
   virtual void recv(torch::Tensor& tensor, int peer) = 0;
+  // Posts every transfer of the group at once, so that two ranks sending to each other do not
+  // wait on each other, and completes them all (MPI: before returning; NCCL: in order with the
+  // caller's stream). Between two ranks, transfers in one direction are matched in the order they
+  // are posted (NCCL has no tags); the tag must agree at both ends all the same.
+  virtual void exchange(std::vector<Transfer>& transfers) = 0;
   virtual void barrier() = 0;
   // Waits until every operation issued so far has completed. A backend that queues work on the
   // GPU (NCCL) ends a hung operation after its timeout with a communication error (exit code 5)

@@ -26,6 +26,7 @@ class MpiCommunicator : public Communicator {
   void broadcast(torch::Tensor& tensor, int root) override;
   void send(const torch::Tensor& tensor, int peer) override;
   void recv(torch::Tensor& tensor, int peer) override;
+  void exchange(std::vector<Transfer>& transfers) override;
   void barrier() override;
   void synchronize() override {}
 

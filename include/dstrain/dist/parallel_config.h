@@ -2,7 +2,9 @@
 // order, and what carries their collectives.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dstrain/core/config.h"
 
@@ -12,6 +14,9 @@ struct ParallelConfig {
   int dp = 1;
   int pp = 1;
   std::string order = "dp-pp";
+  std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved
+  int virtual_stages = 1;             // model chunks per pipeline stage (interleaved)
+  std::vector<int64_t> stage_layers;  // layers per virtual stage; empty: balanced by cost
 };
 
 struct CommConfig {

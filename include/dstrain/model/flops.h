@@ -1,5 +1,5 @@
 // Parameter counts and training FLOPs of a model configuration, computed from its shape alone
-// (no model is built): what MFU, `dstrain bench` and the start-up report use.
+// (no model is built): what MFU, `dstrain bench`, pipeline balancing and the start-up report use.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +21,9 @@ ParameterCounts count_parameters(const ModelConfig& config);
 //   6 × matmul parameters  +  12 × layers × heads × head_dim × seq_len
 // The attention term counts the whole score matrix, although a causal kernel computes about half.
 double training_flops_per_token(const ModelConfig& config, int64_t seq_len);
+
+// The same count for one decoder layer, and for the LM head (the rest of the model).
+double layer_training_flops_per_token(const ModelConfig& config, int64_t seq_len);
+double head_training_flops_per_token(const ModelConfig& config);
 
 }  // namespace dstrain

@@ -9,18 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
 
 namespace dstrain {
-
-struct LayerSlice {
-  int64_t first = 0, last = 0;  // decoder layers [first, last)
-  bool has_embedding = true;    // model.embed_tokens
-  bool has_head = true;         // model.norm and lm_head
-
-  static LayerSlice whole(const ModelConfig& config) { return {0, config.num_layers, true, true}; }
-};
 
 // "model." in the Hugging Face names.
 class DecoderStackImpl : public torch::nn::Module {

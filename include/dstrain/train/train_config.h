@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/core/config.h"
 #include "dstrain/dist/parallel_config.h"
 #include "dstrain/model/model_config.h"
@@ -49,6 +50,7 @@ struct TrainConfig {
   LoopConfig loop;
   OptimConfig optim;
   DataConfig data;
+  CkptConfig ckpt;
   LogConfig log;
 };
 

@@ -130,6 +130,20 @@ class NcclCommunicator final : public Communicator {
     run([&](cudaStream_t s) { NCCL_CHECK(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s)); });
   }
 
+  void exchange(std::vector<Transfer>& transfers) override {
+    for (const Transfer& t : transfers) require_on_device(t.tensor, "exchange");
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclGroupStart());
+      for (Transfer& t : transfers) {
+        if (t.send)
+          NCCL_CHECK(ncclSend(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+        else
+          NCCL_CHECK(ncclRecv(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void barrier() override {
     synchronize();
     MPI_CHECK(MPI_Barrier(mpi_));

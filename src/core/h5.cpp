@@ -1,4 +1,4 @@
-#include "dstrain/data/h5.h"
+#include "dstrain/core/h5.h"
 
 #include <vector>
 

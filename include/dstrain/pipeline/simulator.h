@@ -1,0 +1,40 @@
+// Runs a schedule on paper: each stage works through its actions, computes take the given time,
+// transfer groups complete when their peers have posted the matching transfers (in the order the
+// peers post them, as NCCL matches them). Reports deadlocks, idle time, the bubble and how many
+// micro-batches' activations each stage keeps alive at once.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dstrain/pipeline/schedule.h"
+
+namespace dstrain {
+
+struct SimulationCosts {
+  double forward = 1.0, backward = 2.0;  // of one micro-batch through a whole stage (all its chunks)
+  double transfer = 0.0;                 // of one point-to-point group
+};
+
+struct SimulationResult {
+  bool deadlock = false;
+  std::string problem;               // what went wrong (deadlock or mismatched transfers), for people
+  double makespan = 0;               // until the last stage finishes
+  std::vector<double> busy, idle;    // per stage; idle = makespan - busy
+  double bubble_fraction = 0;        // total idle / (stages × makespan)
+  std::vector<int> peak_live;        // per stage: most micro-batch chunks with activations kept
+  // Per stage: [start, end) of each compute action, in the stage's order.
+  struct Span {
+    double start, end;
+    Action action;
+  };
+  std::vector<std::vector<Span>> timeline;
+};
+
+SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs);
+
+// One row per stage: a character per `resolution` time units: forwards as the micro-batch's
+// last digit, backwards as a letter (a = 0, b = 1, ...), idle as '.'.
+std::string render_timeline(const SimulationResult& result, double resolution);
+
+}  // namespace dstrain

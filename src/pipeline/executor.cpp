@@ -1,0 +1,141 @@
+#include "dstrain/pipeline/executor.h"
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+
+PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, std::vector<CausalLM> chunks,
+                                   Communicator& pp_group, const ActivationShape& shape)
+    : train_(std::move(train)), eval_(std::move(eval)), stage_(stage), chunks_(std::move(chunks)),
+      pp_group_(pp_group), shape_(shape) {}
+
+bool PipelineExecutor::has_loss() const {
+  return train_.virtual_stage(stage_, train_.virtual_stages - 1) == train_.last_virtual_stage();
+}
+
+bool PipelineExecutor::needs_batches() const { return stage_ == 0 || has_loss(); }
+
+torch::Tensor PipelineExecutor::train_step(const BatchSource& batch, double loss_divisor,
+                                           const torch::Tensor& loss_scale,
+                                           const std::function<void()>& after_backward) {
+  return run(train_, batch, loss_divisor, loss_scale, after_backward);
+}
+
+torch::Tensor PipelineExecutor::evaluate(const BatchSource& batch) {
+  torch::NoGradGuard no_grad;
+  return run(eval_, batch, 1.0, torch::Tensor(), {});
+}
+
+torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource& batch, double loss_divisor,
+                                    const torch::Tensor& loss_scale, const std::function<void()>& after_backward) {
+  const bool training = schedule.kind != ScheduleKind::kForwardOnly;
+  const torch::Device device = shape_.device;
+  const int64_t seq = shape_.seq_len;
+  const accel::Timestamp step_start = accel::Timestamp::now(device);
+  torch::Tensor loss_sum = torch::zeros({}, torch::dtype(training ? torch::kFloat32 : torch::kFloat64).device(device));
+  std::map<int, torch::Tensor> batches;  // fetched once per micro-batch
+  auto tokens = [&](int microbatch) -> const torch::Tensor& {
+    auto it = batches.find(microbatch);
+    if (it == batches.end()) it = batches.emplace(microbatch, batch(microbatch)).first;
+    return it->second;
+  };
+  auto activation_buffer = [&] {
+    return torch::empty({shape_.micro_batch, seq, shape_.hidden}, torch::dtype(shape_.dtype).device(device));
+  };
+
+  const std::vector<Action>& actions = schedule.stages[stage_];
+  std::vector<Transfer> group;
+  std::vector<std::pair<Key, bool>> group_receives;  // (key, is activation) of the group's receives
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const Key key{a.microbatch, a.chunk};
+    const int vs = schedule.virtual_stage(stage_, a.chunk);
+    if (!a.is_compute()) {
+      Transfer t{false, torch::Tensor(), a.peer, transfer_tag(schedule, transfer_id(schedule, stage_, a))};
+      switch (a.kind) {
+        case ActionKind::kSendActivation:
+          t.send = true;
+          t.tensor = outputs_.at(key).detach().contiguous();
+          if (!training) outputs_.erase(key);  // nothing comes back in evaluation
+          break;
+        case ActionKind::kSendGrad:
+          t.send = true;
+          t.tensor = inputs_.at(key).grad().contiguous();
+          inputs_.erase(key);
+          break;
+        case ActionKind::kRecvActivation:
+        case ActionKind::kRecvGrad:
+          t.tensor = activation_buffer();
+          group_receives.emplace_back(key, a.kind == ActionKind::kRecvActivation);
+          break;
+        default:
+          break;
+      }
+      group.push_back(std::move(t));
+      const bool group_ends = i + 1 == actions.size() || actions[i + 1].is_compute();
+      if (group_ends) {
+        const accel::Timestamp wait_start = accel::Timestamp::now(device);
+        pp_group_.exchange(group);
+        waits_.emplace_back(wait_start, accel::Timestamp::now(device));
+        for (size_t r = 0, g = 0; g < group.size(); ++g) {
+          if (group[g].send) continue;
+          const auto& [receive_key, activation] = group_receives[r++];
+          if (activation)
+            inputs_[receive_key] = group[g].tensor.requires_grad_(training);
+          else
+            received_grads_[receive_key] = group[g].tensor;
+        }
+        group.clear();
+        group_receives.clear();
+      }
+      continue;
+    }
+
+    if (a.kind == ActionKind::kForward) {
+      torch::Tensor input = vs == 0 ? tokens(a.microbatch).narrow(1, 0, seq) : inputs_.at(key);
+      if (!training) inputs_.erase(key);  // no backward will need it
+      torch::Tensor output = chunks_[a.chunk]->forward(input);
+      if (vs == schedule.last_virtual_stage()) {
+        torch::Tensor loss = lm_loss(output, tokens(a.microbatch).narrow(1, 1, seq));
+        if (training) {
+          loss = loss / loss_divisor;
+          loss_sum += loss.detach();
+          outputs_[key] = loss_scale.defined() ? loss * loss_scale : loss;
+        } else {
+          loss_sum += loss.to(torch::kFloat64);
+        }
+      } else {
+        outputs_[key] = output;
+      }
+      continue;
+    }
+
+    // Backward: from the loss, or from the gradient the next virtual stage sent back.
+    torch::Tensor output = outputs_.at(key);
+    outputs_.erase(key);
+    if (vs == schedule.last_virtual_stage()) {
+      output.backward();
+    } else {
+      torch::Tensor grad = received_grads_.at(key);
+      received_grads_.erase(key);
+      output.backward(grad);
+    }
+    if (after_backward) after_backward();
+    if (vs == 0) inputs_.erase(key);  // token ids: nothing to send back
+  }
+  if (!inputs_.empty() || !outputs_.empty() || !received_grads_.empty())
+    throw Error(ExitCode::kInternal, "pipeline: the schedule left activations behind on stage " + std::to_string(stage_));
+  steps_.emplace_back(step_start, accel::Timestamp::now(device));
+  return loss_sum;
+}
+
+std::pair<double, double> PipelineExecutor::take_wait_and_span() {
+  double wait = 0, span = 0;
+  for (const auto& [start, end] : waits_) wait += end.seconds_since(start);
+  for (const auto& [start, end] : steps_) span += end.seconds_since(start);
+  waits_.clear();
+  steps_.clear();
+  return {wait, span};
+}
+
+}  // namespace dstrain
