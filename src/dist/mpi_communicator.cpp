@@ -3,6 +3,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <chrono>
+#include <thread>
+
 #include "dstrain/dist/mpi_check.h"
 
 namespace dstrain {
@@ -107,11 +110,21 @@ void throw_mpi_error(int status, const char* call, const char* file, int line) {
                    std::to_string(line) + "): " + text);
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {
   // Report failures as error codes (turned into exceptions) instead of aborting inside MPI.
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  // The world ranks of the members, for messages that name a peer.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_CHECK(MPI_Comm_group(comm_, &group));
+  MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) mine[r] = r;
+  world_ranks_.resize(static_cast<size_t>(size_));
+  MPI_CHECK(MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data()));
+  MPI_CHECK(MPI_Group_free(&group));
+  MPI_CHECK(MPI_Group_free(&world));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -121,12 +134,36 @@ MpiCommunicator::~MpiCommunicator() {
     MPI_Comm_free(&comm_);  // status ignored: a destructor cannot report it
 }
 
+std::string MpiCommunicator::describe_group() const {
+  std::string ranks;
+  for (size_t i = 0; i < world_ranks_.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(world_ranks_[i]);
+  if (world_ranks_.size() > 8) ranks += ",...";
+  return std::to_string(size_) + " ranks (world ranks " + ranks + ")";
+}
+
+void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
+      throw comm_error(what() + " did not finish within comm.timeout_s = " + std::to_string(timeout_s_) +
+                       " s: a peer rank has died or hangs");
+    // Spin briefly (most operations finish at once), then leave the core to the others.
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   require_contiguous(tensor, "all_reduce");
   Reduction reduction = reduction_for(tensor, op);
   HostView host(tensor, /*copy_in=*/true);
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host.data(), checked_count(tensor.numel()), reduction.type,
-                          reduction.op, comm_));
+  std::vector<MPI_Request> request(1);
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), checked_count(tensor.numel()), reduction.type, reduction.op,
+                           comm_, request.data()));
+  wait(request, [&] { return "all_reduce of " + std::to_string(tensor.numel()) + " elements over " + describe_group(); });
   host.copy_out();
   finish_average(tensor, op, size_);
 }
@@ -138,8 +175,10 @@ void MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor&
     throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
   Reduction reduction = reduction_for(input, op);
   HostView in(input, /*copy_in=*/true), out(output, /*copy_in=*/false);
-  MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), checked_count(output.numel()), reduction.type,
-                                     reduction.op, comm_));
+  std::vector<MPI_Request> request(1);
+  MPI_CHECK(MPI_Ireduce_scatter_block(in.data(), out.data(), checked_count(output.numel()), reduction.type,
+                                      reduction.op, comm_, request.data()));
+  wait(request, [&] { return "reduce_scatter over " + describe_group(); });
   out.copy_out();
   finish_average(output, op, size_);
 }
@@ -150,30 +189,30 @@ void MpiCommunicator::all_gather(torch::Tensor& output, const torch::Tensor& inp
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw Error(ExitCode::kInternal, "all_gather: output must hold size() copies of input's shape");
   HostView in(input, /*copy_in=*/true), out(output, /*copy_in=*/false);
-  MPI_CHECK(MPI_Allgather(in.data(), checked_count(input.nbytes()), MPI_BYTE, out.data(),
-                          checked_count(input.nbytes()), MPI_BYTE, comm_));
+  std::vector<MPI_Request> request(1);
+  MPI_CHECK(MPI_Iallgather(in.data(), checked_count(input.nbytes()), MPI_BYTE, out.data(),
+                           checked_count(input.nbytes()), MPI_BYTE, comm_, request.data()));
+  wait(request, [&] { return "all_gather over " + describe_group(); });
   out.copy_out();
 }
 
 void MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {
   require_contiguous(tensor, "broadcast");
   HostView host(tensor, /*copy_in=*/rank_ == root);
-  MPI_CHECK(MPI_Bcast(host.data(), checked_count(tensor.nbytes()), MPI_BYTE, root, comm_));
+  std::vector<MPI_Request> request(1);
+  MPI_CHECK(MPI_Ibcast(host.data(), checked_count(tensor.nbytes()), MPI_BYTE, root, comm_, request.data()));
+  wait(request, [&] { return "broadcast from world rank " + std::to_string(world_ranks_[root]) + " over " + describe_group(); });
   host.copy_out();
 }
 
 void MpiCommunicator::send(const torch::Tensor& tensor, int peer) {
-  require_contiguous(tensor, "send");
-  HostView host(tensor, /*copy_in=*/true);
-  MPI_CHECK(MPI_Send(host.data(), checked_count(tensor.nbytes()), MPI_BYTE, peer, 0, comm_));
+  std::vector<Transfer> one = {{true, tensor, peer, 0}};
+  exchange(one);
 }
 
 void MpiCommunicator::recv(torch::Tensor& tensor, int peer) {
-  require_contiguous(tensor, "recv");
-  HostView host(tensor, /*copy_in=*/false);
-  MPI_CHECK(MPI_Recv(host.data(), checked_count(tensor.nbytes()), MPI_BYTE, peer, 0, comm_,
-                     MPI_STATUS_IGNORE));
-  host.copy_out();
+  std::vector<Transfer> one = {{false, tensor, peer, 0}};
+  exchange(one);
 }
 
 void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
@@ -190,11 +229,27 @@ void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
     else
       MPI_CHECK(MPI_Irecv(host.back().data(), bytes, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]));
   }
-  MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  // A message that names what is still missing, and from or to whom. (MPI_Testall changes no
+  // request until all are complete, so each can still be asked about.)
+  wait(requests, [&] {
+    std::string text = "point-to-point transfers";
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      int done = 0;
+      MPI_Request_get_status(requests[i], &done, MPI_STATUS_IGNORE);
+      if (!done)
+        text += std::string(transfers[i].send ? " (send to" : " (receive from") + " world rank " +
+                std::to_string(world_ranks_[transfers[i].peer]) + ", tag " + std::to_string(transfers[i].tag) + ")";
+    }
+    return text;
+  });
   for (size_t i = 0; i < transfers.size(); ++i)
     if (!transfers[i].send) host[i].copy_out();
 }
 
-void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  std::vector<MPI_Request> request(1);
+  MPI_CHECK(MPI_Ibarrier(comm_, request.data()));
+  wait(request, [&] { return "barrier over " + describe_group(); });
+}
 
 }  // namespace dstrain

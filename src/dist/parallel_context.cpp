@@ -62,7 +62,7 @@ void require_own_gpus(const torch::Device& device) {
 
 std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& backend,
                                          const torch::Device& device, double timeout_s) {
-  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm);
+  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, timeout_s);
 #ifdef DSTRAIN_WITH_NCCL
   // NCCL keeps its own copy of the group; the MPI communicator is only needed to set it up.
   std::unique_ptr<Communicator> nccl = make_nccl_communicator(comm, device, timeout_s);
@@ -88,7 +88,7 @@ ParallelContext ParallelContext::create(const RankGrid& grid, const std::string&
   // Ranks of one stage form a DP group, ordered by their data shard; and the other way round.
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp, coord.dp, &dp));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.dp, coord.pp, &pp));
-  return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world),
+  return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s),
                          make_group(dp, backend, device, timeout_s), make_group(pp, backend, device, timeout_s)};
 }
 

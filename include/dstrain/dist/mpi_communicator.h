@@ -1,7 +1,13 @@
-// The MPI backend: blocking MPI collectives; GPU tensors are staged through pinned host memory.
+// The MPI backend: MPI's nonblocking operations, waited for up to a timeout (a hung or dead peer
+// becomes a communication error naming the operation and the peer, not a hang); GPU tensors are
+// staged through pinned host memory.
 #pragma once
 
 #include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "dstrain/dist/communicator.h"
 
@@ -10,7 +16,7 @@ namespace dstrain {
 class MpiCommunicator : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD/SELF).
-  explicit MpiCommunicator(MPI_Comm comm);
+  explicit MpiCommunicator(MPI_Comm comm, double timeout_s = 600);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -31,9 +37,15 @@ class MpiCommunicator : public Communicator {
   void synchronize() override {}
 
  private:
+  // Completes `requests`, or throws a communication error describing `what` after the timeout.
+  void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what);
+  std::string describe_group() const;
+
   MPI_Comm comm_;
+  double timeout_s_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;  // of the members, in group order
 };
 
 }  // namespace dstrain
