@@ -1,14 +1,32 @@
 #include "dstrain/ckpt/ckpt_config.h"
 
+#include "dstrain/core/error.h"
+
 namespace dstrain {
 
 void add_ckpt_options(OptionTable& t) {
+  t.add("ckpt.dir", OptionKind::kString, "", "checkpoint directory (empty: RUN_DIR/checkpoints); on a shared file system");
+  t.add("ckpt.interval", OptionKind::kInt, "0",
+        "write a checkpoint every N steps and at the end (0: only when stopped by SIGTERM/SIGUSR1)");
+  t.add("ckpt.keep_last", OptionKind::kInt, "3", "keep the newest K checkpoints (0: all)");
+  t.add("ckpt.keep_every", OptionKind::kInt, "0", "also keep, for good, checkpoints whose step is a multiple of N");
+  t.add("ckpt.resume", OptionKind::kString, "auto",
+        "auto: continue from ckpt.dir's latest checkpoint if there is one; none: start afresh; "
+        "or a checkpoint file (or directory) to start from");
   t.add("ckpt.save_final", OptionKind::kBool, "false",
         "at the end, write every parameter (fp32, by Hugging Face name) to RUN_DIR/final_model.h5");
 }
 
-CkptConfig read_ckpt_config(const Options& o) {
+CkptConfig read_ckpt_config(const Options& o, const std::string& run_dir) {
   CkptConfig c;
+  c.dir = o.get_string("ckpt.dir");
+  // Left empty in config.ini: the same configuration with another run.dir checkpoints there.
+  if (c.dir.empty()) c.dir = run_dir + "/checkpoints";
+  c.interval = o.get_int("ckpt.interval", 0);
+  c.keep_last = static_cast<int>(o.get_int("ckpt.keep_last", 0, 1 << 30));
+  c.keep_every = static_cast<int>(o.get_int("ckpt.keep_every", 0, 1 << 30));
+  c.resume = o.get_string("ckpt.resume");
+  if (c.resume.empty()) throw config_error("ckpt.resume", "", "expected auto, none or a checkpoint file");
   c.save_final = o.get_bool("ckpt.save_final");
   return c;
 }

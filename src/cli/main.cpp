@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "ckpt.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -32,6 +33,7 @@ const char* kUsage =
     "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
+    "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -48,8 +50,8 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   }
   MpiSession mpi(&argc, &argv);
   log::configure(mpi.world_rank(), mpi.world_size(), false);
-  run_training(parsed.options);
-  return 0;
+  const TrainResult result = run_training(parsed.options);
+  return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
 }
 
 int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
@@ -146,8 +148,9 @@ int main(int argc, char** argv) {
     if (command == "prep") return prep_command(rest);
     if (command == "bench") return bench_command(argc, argv, rest);
     if (command == "pipeline") return pipeline_command(rest);
+    if (command == "ckpt") return ckpt_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());

@@ -76,6 +76,23 @@ uint64_t read_attribute_u64(hid_t object, const std::string& name, ExitCode code
   return value;
 }
 
+void write_attribute_f64(hid_t object, const std::string& name, double value, ExitCode code) {
+  Handle space(check_id(H5Screate(H5S_SCALAR), code, "H5Screate"), H5Sclose);
+  Handle attr(check_id(H5Acreate2(object, name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                       code, "creating attribute " + name),
+              H5Aclose);
+  check(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value), code, "writing attribute " + name);
+}
+
+double read_attribute_f64(hid_t object, const std::string& name, ExitCode code, const std::string& context) {
+  if (H5Aexists(object, name.c_str()) <= 0)
+    throw Error(code, context + ": attribute '" + name + "' is missing");
+  Handle attr(check_id(H5Aopen(object, name.c_str(), H5P_DEFAULT), code, context + ": " + name), H5Aclose);
+  double value = 0;
+  check(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &value), code, context + ": attribute '" + name + "' is not a number");
+  return value;
+}
+
 void write_attribute_string(hid_t object, const std::string& name, const std::string& value,
                             ExitCode code) {
   Handle type(check_id(H5Tcopy(H5T_C_S1), code, "H5Tcopy"), H5Tclose);

@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "dstrain/core/files.h"
+#include "dstrain/core/xxhash.h"
 
 namespace dstrain {
 namespace {
@@ -178,6 +180,20 @@ void CorpusReader::read(uint64_t offset, uint64_t count, uint32_t* out) const {
   h5::check(H5Dread(tokens_.get(), H5T_NATIVE_UINT32, memory_space.get(), file_space.get(),
                     H5P_DEFAULT, out),
             kCode, info_.path + ": reading tokens at offset " + std::to_string(offset));
+}
+
+std::string corpus_fingerprint(const CorpusReader& corpus) {
+  const CorpusInfo& info = corpus.info();
+  std::string identity = std::to_string(info.n_tokens) + "," + std::to_string(info.n_documents) + "," +
+                         std::to_string(info.vocab_size) + "," + std::to_string(info.eod_id) + "," + info.tokenizer;
+  const uint64_t edge = std::min<uint64_t>(4096, info.n_tokens);
+  std::vector<uint32_t> tokens(static_cast<size_t>(edge));
+  for (uint64_t start : {uint64_t{0}, info.n_tokens - edge}) {
+    if (edge == 0) break;
+    corpus.read(start, edge, tokens.data());
+    identity.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint32_t));
+  }
+  return hex64(xxh64(identity.data(), identity.size()));
 }
 
 }  // namespace dstrain

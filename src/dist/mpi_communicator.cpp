@@ -4,6 +4,7 @@
 #include <c10/util/Half.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "dstrain/dist/mpi_check.h"
@@ -100,6 +101,12 @@ class HostView {
   torch::Tensor tensor_, host_;
 };
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", seconds);
+  return text;
+}
+
 }  // namespace
 
 void throw_mpi_error(int status, const char* call, const char* file, int line) {
@@ -149,8 +156,8 @@ void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::functi
     MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
     if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
-      throw comm_error(what() + " did not finish within comm.timeout_s = " + std::to_string(timeout_s_) +
-                       " s: a peer rank has died or hangs");
+      throw comm_error(what() + " did not finish within comm.timeout_s = " + seconds_text(timeout_s_) +
+                       ": a peer rank has died or hangs");
     // Spin briefly (most operations finish at once), then leave the core to the others.
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

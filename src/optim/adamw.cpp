@@ -21,6 +21,17 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, const Ad
 
 int64_t AdamW::step_count() const { return fused_ ? static_cast<int64_t>(step_.item<float>()) : step_count_; }
 
+void AdamW::set_step_count(int64_t count) {
+  step_count_ = count;
+  if (fused_) step_.fill_(static_cast<double>(count));
+}
+
+void AdamW::load_masters() {
+  torch::NoGradGuard no_grad;
+  for (State& s : states_)
+    if (!s.master.is_same(s.param)) s.param.copy_(s.master);
+}
+
 void AdamW::step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   if (fused_) {

@@ -10,6 +10,12 @@ DynamicLossScaler::DynamicLossScaler(double initial_scale, int64_t growth_interv
   skipped_ = torch::zeros({}, f32);
 }
 
+void DynamicLossScaler::restore(double scale, double clean_steps, double skipped_steps) {
+  scale_.fill_(scale);
+  clean_steps_.fill_(clean_steps);
+  skipped_.fill_(skipped_steps);
+}
+
 void DynamicLossScaler::update(const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   torch::Tensor overflow = found_inf.to(torch::kFloat32).gt(0);

@@ -2,13 +2,26 @@
 
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "dstrain/core/error.h"
 
 namespace dstrain {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+MetricsLog::MetricsLog(const std::string& path, int64_t resumed_step) : path_(path) {
+  std::vector<std::string> kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_object() && record.value("step", INT64_MAX) <= resumed_step) kept.push_back(line);
+    }
+  }
+  out_.open(path, std::ios::trunc);
   if (!out_) throw config_error("run.dir", path, "cannot create the metrics file here");
+  for (const std::string& line : kept) out_ << line << '\n';
+  out_.flush();
 }
 
 void MetricsLog::write(const nlohmann::json& record) {

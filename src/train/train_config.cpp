@@ -41,6 +41,14 @@ void add_data_options(OptionTable& t) {
   t.add("data.prefetch", OptionKind::kInt, "4", "micro-batches read ahead by the loader thread");
 }
 
+void add_debug_options(OptionTable& t) {
+  t.add("debug.fail_at_step", OptionKind::kInt, "0", "tests: make debug.fail_rank fail at the start of this step (0: never)");
+  t.add("debug.fail_rank", OptionKind::kInt, "0", "tests: the world rank that fails");
+  t.add("debug.fail_mode", OptionKind::kString, "kill",
+        "tests: kill (SIGKILL), kill_in_save (SIGKILL while writing a checkpoint saved at that step), "
+        "sigterm (as Slurm before a time limit), hang (stops answering), nan (its gradients become NaN)");
+}
+
 void add_log_options(OptionTable& t) {
   t.add("log.interval", OptionKind::kInt, "10", "print and record metrics every N steps");
   t.add("log.all_ranks", OptionKind::kBool, "false", "every rank prints, prefixed with its rank");
@@ -101,6 +109,7 @@ OptionTable train_option_table() {
   add_data_options(table);
   add_ckpt_options(table);
   add_log_options(table);
+  add_debug_options(table);
   return table;
 }
 
@@ -132,9 +141,12 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.data.valid = o.get_string("data.valid");
   if (!c.data.valid.empty()) require_file(o, "data.valid");
   c.data.prefetch = o.get_int("data.prefetch", 1, 1024);
-  c.ckpt = read_ckpt_config(o);
+  c.ckpt = read_ckpt_config(o, c.run.dir);
   c.log.interval = o.get_int("log.interval", 1);
   c.log.all_ranks = o.get_bool("log.all_ranks");
+  c.debug.fail_at_step = o.get_int("debug.fail_at_step", 0);
+  c.debug.fail_rank = static_cast<int>(o.get_int("debug.fail_rank", 0, world_size - 1));
+  c.debug.fail_mode = o.get_choice("debug.fail_mode", {"kill", "kill_in_save", "sigterm", "hang", "nan"});
   return c;
 }
 

@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
+#include <csignal>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
 
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/gather.h"
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/core/accelerator.h"
@@ -27,7 +32,9 @@
 #include "dstrain/optim/lr_schedule.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
+#include "dstrain/train/checkpointing.h"
 #include "dstrain/train/metrics.h"
+#include "dstrain/train/signals.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -113,6 +120,20 @@ class Trainer {
   uint64_t consumed_samples(int64_t step) const {
     return static_cast<uint64_t>(step) * static_cast<uint64_t>(config_.loop.global_batch);
   }
+  // Stops the run (exit code 6) when a step since the last check had a non-finite gradient norm
+  // (fp16 skips those; it stops when its loss scale has collapsed). Synchronises.
+  void check_finite_steps(int64_t step);
+  void resume_from(const std::string& path);
+  // Starts writing a checkpoint of the state after `step` (training goes on meanwhile).
+  void save_checkpoint(int64_t step);
+  // Every rank learns at this step boundary whether any was asked to stop (SIGTERM, SIGUSR1).
+  bool stop_requested_anywhere();
+  // debug.fail_*: the fault a test asked for, at the start of `step`.
+  void inject_fault(int64_t step);
+  bool fault_due(int64_t step, const char* mode) const {
+    return config_.debug.fail_at_step == step && config_.debug.fail_mode == mode &&
+           parallel_.world_rank == config_.debug.fail_rank;
+  }
   // Synchronises, checks that the interval's steps were finite, writes the log line and the
   // metrics record. `earlier_seconds`: time spent in the steps before the interval (for the ETA).
   LoggedInterval log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
@@ -138,6 +159,11 @@ class Trainer {
   double flops_per_token_;
   double peak_flops_;  // of all devices together; 0: unknown
   std::string pipeline_text_;  // how the layers are spread, for the start-up report
+  std::string corpus_fingerprint_;
+  std::string config_text_;         // the effective configuration, for checkpoints
+  std::string stage_layers_text_;   // layers per virtual stage, "2,2"
+  std::unique_ptr<CheckpointWriter> checkpoints_;
+  int64_t start_step_ = 0;  // the step a resumed run continues after
   int64_t last_logged_step_ = 0;
 };
 
@@ -178,6 +204,9 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     chunks.push_back(model);
   }
   params_ = parameters_of(chunks);
+  config_text_ = effective.to_ini();
+  for (const LayerSlice& slice : slices)
+    stage_layers_text_ += (stage_layers_text_.empty() ? "" : ",") + std::to_string(slice.last - slice.first);
   if (pp * chunks_per_stage > 1) {
     pipeline_text_ = "pipeline: " + std::to_string(pp) + " stages × " + std::to_string(chunks_per_stage) +
                      " chunk(s), schedule " + c.parallel.schedule + ", layers per virtual stage";
@@ -209,8 +238,13 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   loader_options_.model_vocab = c.model.vocab_size;
   loader_options_.prefetch_depth = c.data.prefetch;
   loader_options_.pin_memory = device.is_cuda();
+  corpus_fingerprint_ = corpus_fingerprint(*train_corpus_);
+  checkpoints_ = std::make_unique<CheckpointWriter>(c.ckpt.dir, RetentionPolicy{c.ckpt.keep_last, c.ckpt.keep_every},
+                                                    parallel);
+  const std::string resume = resolve_resume(c.ckpt.resume, c.ckpt.dir);
+  if (!resume.empty()) resume_from(resume);
   if (executor_->needs_batches())
-    loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/0);
+    loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/start_step_);
   if (valid_corpus_) {
     uint64_t available = samples_in_corpus(valid_corpus_->info().n_tokens, c.loop.seq_len) /
                          static_cast<uint64_t>(c.loop.global_batch);
@@ -230,7 +264,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     if (!files::make_directories(c.run.dir, &why))
       throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
     write_text_file(c.run.dir + "/config.ini", effective.to_ini());
-    metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl");
+    metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl", start_step_);
     summary_path_ = c.run.dir + "/summary.json";
   }
 }
@@ -253,6 +287,7 @@ StepTensors Trainer::train_step(int64_t step) {
   torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum),
                                                  loss_scaler_ ? loss_scaler_->scale() : torch::Tensor(),
                                                  [&] { grads_->accumulate(); });
+  if (fault_due(step, "nan")) grads_->flat().fill_(std::numeric_limits<float>::quiet_NaN());
   average_gradients(*grads_, *parallel_.dp_group, wire_dtype_);
   if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
   torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
@@ -303,24 +338,11 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
   parallel_.dp_group->synchronize();
   const double loss_value = loss.item<double>(), grad_norm = tensors.grad_norm.item<double>();
   const double seconds = seconds_since(interval.start);
-  const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
-  const std::string steps_text = "steps " + std::to_string(last_logged_step_ + 1) + "-" + std::to_string(step);
   if (!std::isfinite(loss_value))
     throw Error(ExitCode::kNumerical, "step " + std::to_string(step) + ": the loss is not finite (" +
                                           std::to_string(loss_value) + "); lower optim.lr or check the data");
-  if (!loss_scaler_ && nonfinite > 0)
-    throw Error(ExitCode::kNumerical, steps_text + ": the gradient norm was not finite in " +
-                                          std::to_string(nonfinite) +
-                                          " step(s), which were skipped; lower optim.lr or check the data");
-  double loss_scale = 0;
-  if (loss_scaler_) {
-    loss_scale = loss_scaler_->scale().item<double>();
-    if (loss_scale < 1.0)
-      throw Error(ExitCode::kNumerical, steps_text + ": the fp16 loss scale fell to " + std::to_string(loss_scale) +
-                                            ": gradients overflow even unscaled; use train.precision = bf16 "
-                                            "or lower optim.lr");
-  }
-  last_logged_step_ = step;
+  check_finite_steps(step);
+  const double loss_scale = loss_scaler_ ? loss_scaler_->scale().item<double>() : 0.0;
 
   const double tokens = static_cast<double>(interval.steps * config_.loop.global_batch * config_.loop.seq_len);
   const double tokens_per_s = tokens / seconds, step_seconds = seconds / static_cast<double>(interval.steps);
@@ -377,6 +399,96 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
   return {loss_value, seconds, tokens};
 }
 
+void Trainer::check_finite_steps(int64_t step) {
+  const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
+  const std::string steps_text = "steps " + std::to_string(last_logged_step_ + 1) + "-" + std::to_string(step);
+  if (!loss_scaler_ && nonfinite > 0)
+    throw Error(ExitCode::kNumerical, steps_text + ": the gradient norm was not finite in " +
+                                          std::to_string(nonfinite) +
+                                          " step(s), which were skipped; lower optim.lr or check the data (the "
+                                          "last checkpoint is intact)");
+  if (loss_scaler_) {
+    const double loss_scale = loss_scaler_->scale().item<double>();
+    if (loss_scale < 1.0)
+      throw Error(ExitCode::kNumerical, steps_text + ": the fp16 loss scale fell to " + std::to_string(loss_scale) +
+                                            ": gradients overflow even unscaled; use train.precision = bf16 "
+                                            "or lower optim.lr");
+  }
+  last_logged_step_ = step;
+}
+
+void Trainer::resume_from(const std::string& path) {
+  CheckpointReader reader(path);
+  const CheckpointState& state = reader.state();
+  check_resumable(reader, {model_shape_text(config_.model), config_.data.train, corpus_fingerprint_,
+                           static_cast<uint64_t>(config_.loop.global_batch), static_cast<uint64_t>(config_.loop.seq_len)});
+  load_checkpoint(reader, *optimizer_);
+  if (loss_scaler_ && state.loss_scale > 0)
+    loss_scaler_->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);
+  // The generator states go back where they came from when the layout is the same.
+  const RankGrid& grid = parallel_.grid;
+  const bool same_layout = state.world_size == static_cast<uint64_t>(grid.world()) &&
+                           state.dp == static_cast<uint64_t>(grid.dp()) && state.pp == static_cast<uint64_t>(grid.pp());
+  if (same_layout) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state.rng[parallel_.world_rank].contiguous());
+  }
+  start_step_ = state.step;
+  last_logged_step_ = state.step;
+  log::info("resuming from ", path, ": after step ", state.step, ", ", state.consumed_samples,
+            " samples consumed; written by dp ", state.dp, " × pp ", state.pp, " (", state.schedule, ")",
+            same_layout ? "" : ", continuing on this layout");
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  check_finite_steps(step);  // a non-finite step never reaches a checkpoint
+  CheckpointState state;
+  state.step = step;
+  state.consumed_samples = consumed_samples(step);
+  state.tokens = state.consumed_samples * static_cast<uint64_t>(config_.loop.seq_len);
+  state.optimizer_steps = static_cast<uint64_t>(optimizer_->step_count());
+  if (loss_scaler_) {
+    state.loss_scale = loss_scaler_->scale().item<double>();
+    state.loss_scale_clean_steps = loss_scaler_->clean_steps();
+    state.skipped_steps = loss_scaler_->skipped_steps().item<double>();
+  }
+  state.global_batch = static_cast<uint64_t>(config_.loop.global_batch);
+  state.seq_len = static_cast<uint64_t>(config_.loop.seq_len);
+  state.config = config_text_;
+  state.model_shape = model_shape_text(config_.model);
+  state.corpus_path = config_.data.train;
+  state.corpus_checksum = corpus_fingerprint_;
+  state.world_size = static_cast<uint64_t>(parallel_.grid.world());
+  state.dp = static_cast<uint64_t>(parallel_.grid.dp());
+  state.pp = static_cast<uint64_t>(parallel_.grid.pp());
+  state.virtual_stages = static_cast<uint64_t>(config_.parallel.virtual_stages);
+  state.schedule = config_.parallel.schedule;
+  state.stage_layers = stage_layers_text_;
+  const double blocked = checkpoints_->begin(step, checkpoint_datasets(*optimizer_), std::move(state),
+                                             at::detail::getDefaultCPUGenerator().get_state());
+  char text[96];
+  std::snprintf(text, sizeof text, "checkpoint of step %lld: training blocked %.2f s; writing in the background",
+                static_cast<long long>(step), blocked);
+  log::info(text);
+  if (fault_due(step, "kill_in_save")) std::raise(SIGKILL);
+}
+
+bool Trainer::stop_requested_anywhere() {
+  torch::Tensor stop = torch::full({1}, signals::stop_requested() ? 1 : 0, torch::kInt32);
+  parallel_.world->all_reduce(stop, ReduceOp::kMax);
+  return stop.item<int>() != 0;
+}
+
+void Trainer::inject_fault(int64_t step) {
+  if (fault_due(step, "kill")) std::raise(SIGKILL);
+  if (fault_due(step, "sigterm")) std::raise(SIGTERM);
+  if (fault_due(step, "hang")) {
+    log::error("debug.fail_mode = hang: rank ", parallel_.world_rank, " stops answering at step ", step);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+  }
+}
+
 TrainResult Trainer::run() {
   const int64_t steps = config_.loop.steps;
   const ParameterCounts counts = count_parameters(config_.model);
@@ -397,28 +509,44 @@ TrainResult Trainer::run() {
   LoggedInterval first, later; // the first interval pays for warm-up: throughput comes from the others
   int64_t logged_intervals = 0;
   Interval interval;
-  for (int64_t step = 1; step <= steps; ++step) {
+  if (start_step_ >= steps) log::info("the checkpoint is at step ", start_step_, " of train.steps = ", steps, ": nothing to do");
+  for (int64_t step = start_step_ + 1; step <= steps; ++step) {
+    inject_fault(step);
     StepTensors tensors = train_step(step);
     ++interval.steps;
-    if (step % config_.log.interval != 0 && step != steps) continue;
-
-    LoggedInterval logged = log_interval(step, tensors, interval, trained_seconds);
-    trained_seconds += logged.seconds;
-    LoggedInterval& sum = logged_intervals++ == 0 ? first : later;
-    sum.seconds += logged.seconds;
-    sum.tokens += logged.tokens;
-    result.final_loss = logged.loss;
-
-    bool eval_due = config_.loop.eval_interval > 0 && step % config_.loop.eval_interval == 0;
-    if (valid_corpus_ && (eval_due || step == steps)) {
-      result.final_eval_loss = evaluate();
-      log::info("eval at step ", step, " | loss ", result.final_eval_loss, " | perplexity ",
-                std::exp(result.final_eval_loss));
-      metrics_.write({{"step", step}, {"eval_loss", result.final_eval_loss},
-                      {"eval_ppl", std::exp(result.final_eval_loss)}});
+    const bool log_due = step % config_.log.interval == 0 || step == steps;
+    if (log_due) {
+      LoggedInterval logged = log_interval(step, tensors, interval, trained_seconds);
+      trained_seconds += logged.seconds;
+      LoggedInterval& sum = logged_intervals++ == 0 ? first : later;
+      sum.seconds += logged.seconds;
+      sum.tokens += logged.tokens;
+      result.final_loss = logged.loss;
+      bool eval_due = config_.loop.eval_interval > 0 && step % config_.loop.eval_interval == 0;
+      if (valid_corpus_ && (eval_due || step == steps)) {
+        result.final_eval_loss = evaluate();
+        log::info("eval at step ", step, " | loss ", result.final_eval_loss, " | perplexity ",
+                  std::exp(result.final_eval_loss));
+        metrics_.write({{"step", step}, {"eval_loss", result.final_eval_loss},
+                        {"eval_ppl", std::exp(result.final_eval_loss)}});
+      }
     }
-    interval = Interval{};  // evaluation and logging stay out of the timed steps
+    // The step boundary: a finished background save completes; a signal stops the run here.
+    checkpoints_->poll();
+    if (stop_requested_anywhere()) {
+      // Slurm's warning before a time limit or preemption: a checkpoint, then "requeue me".
+      save_checkpoint(step);
+      checkpoints_->finish();
+      log::info("stopped by ", signals::stop_requested() ? signals::requested_by() : "a signal to another rank",
+                " after step ", step, ": checkpoint written; resubmit the job to continue (exit code 75)");
+      result.requeue = true;
+      result.steps = step;
+      return result;
+    }
+    if (config_.ckpt.interval > 0 && (step % config_.ckpt.interval == 0 || step == steps)) save_checkpoint(step);
+    if (log_due) interval = Interval{};  // logging, evaluation and saving stay out of the timed steps
   }
+  checkpoints_->finish();
   const double seconds = seconds_since(start);
   const LoggedInterval& steady = logged_intervals > 1 ? later : first;
   result.steps = steps;
@@ -486,6 +614,7 @@ TrainResult run_training(Options options) {
   int world_size = 1, world_rank = 0;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  signals::install();
 
   TrainConfig config;
   DevicePlacement placement;

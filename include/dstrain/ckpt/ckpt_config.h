@@ -1,15 +1,24 @@
-// The [ckpt] section: what a run saves of its model.
+// The [ckpt] section: when checkpoints are written, where, how many are kept, and what a run
+// starts from.
 #pragma once
+
+#include <string>
 
 #include "dstrain/core/config.h"
 
 namespace dstrain {
 
 struct CkptConfig {
-  bool save_final = false;  // RUN_DIR/final_model.h5 at the end
+  std::string dir;           // resolved: never empty (RUN_DIR/checkpoints by default)
+  int64_t interval = 0;      // steps between checkpoints (0: only on a signal)
+  int keep_last = 3;         // retention: the newest K (0: all) ...
+  int keep_every = 0;        // ... and every one whose step is a multiple of N (0: none)
+  std::string resume = "auto";  // auto | none | PATH
+  bool save_final = false;   // RUN_DIR/final_model.h5 at the end
 };
 
 void add_ckpt_options(OptionTable& table);
-CkptConfig read_ckpt_config(const Options& options);
+// `run_dir` is where checkpoints go unless ckpt.dir says otherwise.
+CkptConfig read_ckpt_config(const Options& options, const std::string& run_dir);
 
 }  // namespace dstrain

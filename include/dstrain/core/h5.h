@@ -48,6 +48,8 @@ bool has_link(hid_t location, const std::string& name);
 void write_attribute_u64(hid_t object, const std::string& name, uint64_t value, ExitCode code);
 uint64_t read_attribute_u64(hid_t object, const std::string& name, ExitCode code,
                             const std::string& context);
+void write_attribute_f64(hid_t object, const std::string& name, double value, ExitCode code);
+double read_attribute_f64(hid_t object, const std::string& name, ExitCode code, const std::string& context);
 void write_attribute_string(hid_t object, const std::string& name, const std::string& value,
                             ExitCode code);
 std::string read_attribute_string(hid_t object, const std::string& name, ExitCode code,

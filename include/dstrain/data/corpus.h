@@ -55,6 +55,10 @@ class CorpusWriter {
   bool closed_ = false;
 };
 
+// What identifies a corpus's contents cheaply (sizes, vocabulary, tokenizer, first and last
+// tokens), as 16 hex digits: a checkpoint records it, and a resumed run must train on the same.
+std::string corpus_fingerprint(const class CorpusReader& corpus);
+
 // Read access by token range, safe to use from the prefetch thread.
 class CorpusReader {
  public:

@@ -26,6 +26,10 @@ class AdamW {
   void step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
   // Updates applied so far (skipped steps not counted).
   int64_t step_count() const;
+  // A resumed run: the count a checkpoint recorded (its moments and masters are copied into
+  // states() by the caller, then load_masters() rounds the masters into the parameters).
+  void set_step_count(int64_t count);
+  void load_masters();
 
   struct State {
     std::string name;
@@ -33,6 +37,7 @@ class AdamW {
     bool decay;
   };
   const std::vector<State>& states() const { return states_; }
+  std::vector<State>& states() { return states_; }
 
  private:
   void explicit_step(double lr, const std::vector<torch::Tensor>& grads);

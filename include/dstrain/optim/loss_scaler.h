@@ -18,6 +18,9 @@ class DynamicLossScaler {
   void update(const torch::Tensor& found_inf);
   // Steps skipped so far, as a 0-dim tensor (read it when logging).
   const torch::Tensor& skipped_steps() const { return skipped_; }
+  double clean_steps() const { return clean_steps_.item<double>(); }
+  // A resumed run continues with a checkpoint's state.
+  void restore(double scale, double clean_steps, double skipped_steps);
 
   static constexpr double kGrowthFactor = 2.0, kBackoffFactor = 0.5;
 

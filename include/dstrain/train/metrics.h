@@ -12,7 +12,9 @@ namespace dstrain {
 class MetricsLog {
  public:
   MetricsLog() = default;  // disabled: every call is a no-op (ranks other than 0)
-  explicit MetricsLog(const std::string& path);
+  // A new file; or, for a run resumed at `resumed_step` > 0, the existing one without the records
+  // of later steps (which the resumed run writes again), appended to.
+  explicit MetricsLog(const std::string& path, int64_t resumed_step = 0);
 
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }

@@ -37,6 +37,16 @@ struct DataConfig {
   int64_t prefetch = 4;
 };
 
+// Fault injection for tests (README, "Checkpoints"): rank fail_rank, at the start of step
+// fail_at_step, kills itself (kill), kills itself while its checkpoint is being written
+// (kill_in_save), signals itself SIGTERM (sigterm), stops answering (hang), or makes its
+// gradients NaN (nan).
+struct DebugConfig {
+  int64_t fail_at_step = 0;  // 0: never
+  int fail_rank = 0;
+  std::string fail_mode = "kill";
+};
+
 struct LogConfig {
   int64_t interval = 1;
   bool all_ranks = false;
@@ -52,6 +62,7 @@ struct TrainConfig {
   DataConfig data;
   CkptConfig ckpt;
   LogConfig log;
+  DebugConfig debug;
 };
 
 // The whole option table of `dstrain train`, every section.

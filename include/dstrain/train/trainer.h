@@ -19,10 +19,12 @@ struct TrainResult {
   double tokens_per_s = 0.0;
   double mfu = 0.0;               // 0 when the device's peak is unknown
   int64_t peak_memory_bytes = 0;  // on the GPU (caching allocator's peak); 0 on the CPU
+  bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
 };
 
-// Reads and checks the configuration, trains, and writes the run directory (config.ini,
-// metrics.jsonl, summary.json). Throws Error with an exit code; an error that one rank hits
+// Reads and checks the configuration, resumes from a checkpoint when ckpt.resume finds one,
+// trains, checkpoints, and writes the run directory (config.ini, metrics.jsonl, summary.json).
+// On SIGTERM or SIGUSR1 it checkpoints and returns with `requeue` set. Throws Error with an exit code; an error that one rank hits
 // during training is reported by that rank, which then ends the whole job (MPI_Abort).
 TrainResult run_training(Options options);
 

@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -156,9 +157,10 @@ class NcclCommunicator final : public Communicator {
       check_async_error();
       if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
         abort();
-        throw comm_error("NCCL: an operation on " + std::to_string(size_) +
-                         " ranks did not finish within comm.timeout_s = " + std::to_string(timeout_s_) +
-                         " s (a peer rank died or hangs); the communicator was aborted");
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", timeout_s_);
+        throw comm_error("NCCL: an operation on " + std::to_string(size_) + " ranks did not finish within " +
+                         "comm.timeout_s = " + limit + " s (a peer rank died or hangs); the communicator was aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }

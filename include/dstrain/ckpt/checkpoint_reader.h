@@ -1,0 +1,53 @@
+// Reads a checkpoint (format.h): the trainer state, and datasets by name, each verified against
+// its checksum. Opened read-only by every rank at once, each reading what it needs.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <string>
+#include <vector>
+
+#include "dstrain/ckpt/format.h"
+
+namespace dstrain {
+
+// ckpt.resume → the checkpoint file to start from, or "" to start afresh. "none": "";
+// "auto": the one `latest` in `dir` names, if there is a `latest`; a directory: its `latest`; a
+// file: itself. Throws Error(kCheckpoint) when a named file is missing.
+std::string resolve_resume(const std::string& resume, const std::string& dir);
+
+class CheckpointReader {
+ public:
+  // Throws Error(kCheckpoint) naming the file when it is missing, not HDF5 (or truncated), or not
+  // a complete dstrain checkpoint of a format version this build reads.
+  explicit CheckpointReader(const std::string& path);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const CheckpointState& state() const { return state_; }
+
+  struct DatasetInfo {
+    std::string name;  // "model/<hf name>", "optim/<hf name>/exp_avg", "trainer/rng_cpu"
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+    std::string checksum;  // as recorded
+  };
+  const std::vector<DatasetInfo>& datasets() const { return datasets_; }
+  const DatasetInfo* find(const std::string& name) const;
+
+  // A CPU tensor of the stored dtype. Throws Error(kCheckpoint) naming the dataset when it is
+  // missing or its data do not match the checksum.
+  torch::Tensor read(const std::string& name) const;
+  // Reads every dataset; the names of those whose data do not match their checksum.
+  std::vector<std::string> verify() const;
+
+ private:
+  std::string path_;
+  long long file_ = -1;  // hid_t
+  CheckpointState state_;
+  std::vector<DatasetInfo> datasets_;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,77 @@
+// Writes checkpoints while training goes on. A save blocks the step only for the copy of this
+// rank's share of the tensors to host memory and the collective creation of the file's datasets
+// (parallel HDF5 over MPI-IO, which also places every dataset in the file); a background thread
+// then writes the data at those places, each rank its own share, and checksums it. When every
+// rank is done, rank 0 records the checksums and the trainer state, renames NAME.tmp to NAME,
+// points `latest` at it (replaced atomically too), and removes the checkpoints retention lets go.
+// A crash at any moment leaves the previous checkpoint and `latest` as they were.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dstrain/ckpt/format.h"
+#include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/dist/parallel_context.h"
+
+namespace dstrain {
+
+struct RetentionPolicy {
+  int keep_last = 3;   // the newest K checkpoints (0: all)
+  int keep_every = 0;  // and every checkpoint whose step is a multiple of N, for good (0: none)
+};
+
+// The checkpoints that `policy` removes from those present (file names), newest `latest` kept.
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy);
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel);
+  ~CheckpointWriter();  // a save still being written is abandoned: NAME.tmp stays, `latest` unchanged
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Collective. `datasets`: what this rank's pipeline stage holds ("model/<name>", "optim/<name>/
+  // exp_avg", ...; the same list on every data-parallel rank of the stage, which share the
+  // writing). `rng`: this rank's generator state. Finishes the previous save first, if one is in
+  // flight. Returns the seconds the caller was blocked.
+  double begin(int64_t step, const NamedTensors& datasets, CheckpointState state, const torch::Tensor& rng);
+  // Collective and cheap: completes the save in flight if every rank has written its share.
+  // Call at every step boundary.
+  void poll();
+  // Collective: waits for the save in flight and completes it.
+  void finish();
+
+  bool in_flight() const { return in_flight_; }
+
+ private:
+  struct Job {
+    int64_t step = 0;
+    std::string path, tmp_path;
+    CheckpointState state;
+    std::vector<std::pair<std::string, torch::Tensor>> mine;  // host copies this rank writes
+    std::map<std::string, uint64_t> offsets;                  // where each of them goes in the file
+    std::map<std::string, uint64_t> checksums;                // filled by the writer thread
+    std::string error;                                        // of the writer thread
+    double blocked_seconds = 0;
+    std::chrono::steady_clock::time_point started;
+  };
+  void write_share();  // the background thread
+  void complete();     // collective: the save in flight is written everywhere
+  void finalize_on_rank0(const std::map<std::string, uint64_t>& checksums);
+
+  std::string dir_;
+  RetentionPolicy retention_;
+  const ParallelContext& parallel_;
+  bool in_flight_ = false;
+  Job job_;
+  std::atomic<bool> written_{false};
+  std::thread thread_;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,51 @@
+// The checkpoint file (README, "Checkpoints"): one HDF5 file per checkpoint,
+//   /model/<hf name>                      every parameter, full shape, in its dtype
+//   /optim/<hf name>/master               fp32 master weight (bf16/fp16 models only)
+//   /optim/<hf name>/exp_avg, exp_avg_sq  AdamW moments, fp32
+//   /trainer                              attributes: step, data position, optimizer and loss-scale
+//                                         state, effective configuration, layout, corpus identity;
+//                                         dataset rng_cpu: every rank's generator state
+// Every dataset carries its XXH64 checksum as the attribute "xxh64"; the file names the format
+// and its version. bf16 and fp16 are stored as 16-bit HDF5 floating-point types, which h5dump
+// and h5py read as numbers.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <cstdint>
+#include <string>
+
+#include "dstrain/core/h5.h"
+
+namespace dstrain {
+
+constexpr const char* kCheckpointFormat = "dstrain-checkpoint";
+constexpr uint64_t kCheckpointFormatVersion = 1;
+constexpr const char* kChecksumAttribute = "xxh64";
+
+// Everything but the tensors: what a resumed run continues from and checks against.
+struct CheckpointState {
+  int64_t step = 0;
+  uint64_t consumed_samples = 0, tokens = 0, optimizer_steps = 0;
+  double loss_scale = 0, loss_scale_clean_steps = 0, skipped_steps = 0;  // fp16 only
+  uint64_t global_batch = 0, seq_len = 0;
+  std::string config;          // the effective configuration (config.ini)
+  std::string model_shape;     // the model keys that fix the tensors' shapes, "key = value" lines
+  std::string corpus_path, corpus_checksum;
+  uint64_t world_size = 1, dp = 1, pp = 1, virtual_stages = 1;
+  std::string schedule, stage_layers;
+  torch::Tensor rng;  // uint8 [world_size, bytes]: each rank's CPU generator state
+};
+
+// The HDF5 type a tensor of `dtype` is stored as, and back.
+h5::Handle stored_type(torch::ScalarType dtype);
+torch::ScalarType dtype_of_stored(hid_t type, const std::string& context);
+
+// "fp32", "bf16", ...: as the configuration names them.
+const char* dtype_name(torch::ScalarType dtype);
+
+// "step_00000120.h5"; the step of such a name, or -1.
+std::string checkpoint_file_name(int64_t step);
+int64_t step_of_checkpoint_file(const std::string& name);
+
+}  // namespace dstrain

@@ -1,0 +1,35 @@
+// What a checkpoint holds of a training run, and the way back into one: the datasets of this
+// rank's parameters and optimizer state by global name, and the checks that a checkpoint fits the
+// run that wants to continue from it (the layout may differ; the model, the corpus and the
+// batch may not).
+#pragma once
+
+#include <string>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/optim/adamw.h"
+
+namespace dstrain {
+
+// "model/<name>" (the parameter as the model holds it), "optim/<name>/master" (bf16/fp16 models),
+// "optim/<name>/exp_avg", "optim/<name>/exp_avg_sq", for every parameter of `optimizer`.
+NamedTensors checkpoint_datasets(const AdamW& optimizer);
+
+// The model keys that fix the tensors' shapes, one "key = value" per line.
+std::string model_shape_text(const ModelConfig& model);
+
+struct ResumeExpectations {
+  std::string model_shape, corpus_path, corpus_fingerprint;
+  uint64_t global_batch = 0, seq_len = 0;
+};
+// Throws Error(kCheckpoint) naming what differs: another model, another corpus; Error(kUsage)
+// for a global batch or sequence length that would change the data order.
+void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected);
+
+// Copies this rank's masters (or parameters), moments and step count from the checkpoint into
+// `optimizer`, and the rounded masters into the parameters.
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer);
+
+}  // namespace dstrain

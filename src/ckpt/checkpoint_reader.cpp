@@ -1,0 +1,143 @@
+#include "dstrain/ckpt/checkpoint_reader.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/core/xxhash.h"
+
+namespace dstrain {
+namespace {
+
+constexpr ExitCode kCode = ExitCode::kCheckpoint;
+
+herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* out) {
+  if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+
+std::string latest_in(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  std::string name;
+  std::getline(in, name);
+  if (name.empty()) throw Error(kCode, dir + "/latest: empty or unreadable");
+  const std::string path = dir + "/" + name;
+  if (!files::is_regular_file(path))
+    throw Error(kCode, dir + "/latest names " + name + ", which does not exist (set ckpt.resume to a checkpoint "
+                       "file, or to none to start afresh)");
+  return path;
+}
+
+}  // namespace
+
+std::string resolve_resume(const std::string& resume, const std::string& dir) {
+  if (resume == "none") return "";
+  if (resume == "auto") return files::exists(dir + "/latest") ? latest_in(dir) : "";
+  if (files::exists(resume + "/latest")) return latest_in(resume);
+  if (!files::is_regular_file(resume)) throw Error(kCode, "ckpt.resume = " + resume + ": no such checkpoint file");
+  return resume;
+}
+
+CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
+  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+  h5::quiet_errors();
+  if (!files::is_regular_file(path)) throw Error(kCode, path + ": no such checkpoint file");
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file_ < 0)
+    throw Error(kCode, path + ": not a readable HDF5 file (truncated or damaged?): " + h5::last_error_message());
+  const hid_t file = static_cast<hid_t>(file_);
+  h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
+  if (H5Aexists(root.get(), "format") <= 0 ||
+      h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat)
+    throw Error(kCode, path + ": not a complete dstrain checkpoint (no format attribute)");
+  const uint64_t version = h5::read_attribute_u64(root.get(), "format_version", kCode, path);
+  if (version != kCheckpointFormatVersion)
+    throw Error(kCode, path + ": checkpoint format version " + std::to_string(version) + "; this dstrain reads " +
+                           std::to_string(kCheckpointFormatVersion));
+
+  const std::string where = path + ": /trainer";
+  h5::Handle g(h5::check_id(H5Gopen2(file, "trainer", H5P_DEFAULT), kCode, where), H5Gclose);
+  CheckpointState& s = state_;
+  s.step = static_cast<int64_t>(h5::read_attribute_u64(g.get(), "step", kCode, where));
+  s.consumed_samples = h5::read_attribute_u64(g.get(), "consumed_samples", kCode, where);
+  s.tokens = h5::read_attribute_u64(g.get(), "tokens", kCode, where);
+  s.optimizer_steps = h5::read_attribute_u64(g.get(), "optimizer_steps", kCode, where);
+  s.loss_scale = h5::read_attribute_f64(g.get(), "loss_scale", kCode, where);
+  s.loss_scale_clean_steps = h5::read_attribute_f64(g.get(), "loss_scale_clean_steps", kCode, where);
+  s.skipped_steps = h5::read_attribute_f64(g.get(), "skipped_steps", kCode, where);
+  s.global_batch = h5::read_attribute_u64(g.get(), "global_batch", kCode, where);
+  s.seq_len = h5::read_attribute_u64(g.get(), "seq_len", kCode, where);
+  s.config = h5::read_attribute_string(g.get(), "config", kCode, where);
+  s.model_shape = h5::read_attribute_string(g.get(), "model_shape", kCode, where);
+  s.corpus_path = h5::read_attribute_string(g.get(), "corpus_path", kCode, where);
+  s.corpus_checksum = h5::read_attribute_string(g.get(), "corpus_checksum", kCode, where);
+  s.world_size = h5::read_attribute_u64(g.get(), "world_size", kCode, where);
+  s.dp = h5::read_attribute_u64(g.get(), "dp", kCode, where);
+  s.pp = h5::read_attribute_u64(g.get(), "pp", kCode, where);
+  s.virtual_stages = h5::read_attribute_u64(g.get(), "virtual_stages", kCode, where);
+  s.schedule = h5::read_attribute_string(g.get(), "schedule", kCode, where);
+  s.stage_layers = h5::read_attribute_string(g.get(), "stage_layers", kCode, where);
+
+  std::vector<std::string> names;
+  h5::check(H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), kCode, path + ": listing datasets");
+  for (const std::string& name : names) {
+    const std::string at = path + ": /" + name;
+    h5::Handle dataset(h5::check_id(H5Dopen2(file, name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
+    h5::Handle type(h5::check_id(H5Dget_type(dataset.get()), kCode, at), H5Tclose);
+    h5::Handle space(h5::check_id(H5Dget_space(dataset.get()), kCode, at), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0) throw Error(kCode, at + ": unreadable shape");
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    h5::check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), kCode, at);
+    DatasetInfo info{name, dtype_of_stored(type.get(), at), std::vector<int64_t>(dims.begin(), dims.end()), ""};
+    if (H5Aexists(dataset.get(), kChecksumAttribute) <= 0) throw Error(kCode, at + ": no checksum (incomplete checkpoint?)");
+    info.checksum = h5::read_attribute_string(dataset.get(), kChecksumAttribute, kCode, at);
+    datasets_.push_back(std::move(info));
+  }
+  const DatasetInfo* rng = find("trainer/rng_cpu");
+  if (!rng) throw Error(kCode, path + ": /trainer/rng_cpu is missing");
+  s.rng = read("trainer/rng_cpu");
+}
+
+CheckpointReader::~CheckpointReader() {
+  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+  if (file_ >= 0) H5Fclose(static_cast<hid_t>(file_));
+}
+
+const CheckpointReader::DatasetInfo* CheckpointReader::find(const std::string& name) const {
+  for (const DatasetInfo& d : datasets_)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+torch::Tensor CheckpointReader::read(const std::string& name) const {
+  const DatasetInfo* info = find(name);
+  if (!info) throw Error(kCode, path_ + ": /" + name + " is missing");
+  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+  const std::string at = path_ + ": /" + name;
+  h5::Handle dataset(h5::check_id(H5Dopen2(static_cast<hid_t>(file_), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
+  h5::Handle type = stored_type(info->dtype);  // the bytes as stored: the checksum covers them
+  torch::Tensor values = torch::empty(info->shape, torch::dtype(info->dtype));
+  h5::check(H5Dread(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data_ptr()), kCode,
+            at + ": reading (truncated file?)");
+  const std::string checksum = hex64(xxh64(values.data_ptr(), values.nbytes()));
+  if (checksum != info->checksum)
+    throw Error(kCode, at + ": the data do not match the checksum (xxh64 " + checksum + ", recorded " + info->checksum +
+                           "): the file is damaged");
+  return values;
+}
+
+std::vector<std::string> CheckpointReader::verify() const {
+  std::vector<std::string> bad;
+  for (const DatasetInfo& d : datasets_) {
+    try {
+      read(d.name);
+    } catch (const Error& e) {
+      bad.push_back(e.what());
+    }
+  }
+  return bad;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,372 @@
+#include "dstrain/ckpt/checkpoint_writer.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/core/log.h"
+#include "dstrain/core/xxhash.h"
+#include "dstrain/dist/mpi_check.h"
+
+namespace dstrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr ExitCode kCode = ExitCode::kCheckpoint;
+
+struct DatasetSpec {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+// Everybody's byte strings, in rank order (MPI_Allgatherv over the world).
+std::vector<std::string> allgather_strings(const std::string& mine) {
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
+  MPI_CHECK(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
+  MPI_CHECK(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                           MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
+  return out;
+}
+
+// "name\tdtype\tdim,dim,...\n" per dataset.
+std::string serialize(const std::vector<DatasetSpec>& specs) {
+  std::string text;
+  for (const DatasetSpec& s : specs) {
+    text += s.name + "\t" + std::to_string(static_cast<int>(s.dtype)) + "\t";
+    for (size_t i = 0; i < s.shape.size(); ++i) text += (i ? "," : "") + std::to_string(s.shape[i]);
+    text += "\n";
+  }
+  return text;
+}
+
+std::vector<DatasetSpec> parse(const std::string& text) {
+  std::vector<DatasetSpec> specs;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find('\n', at), tab1 = text.find('\t', at), tab2 = text.find('\t', tab1 + 1);
+    DatasetSpec s{text.substr(at, tab1 - at),
+                  static_cast<torch::ScalarType>(std::stoi(text.substr(tab1 + 1, tab2 - tab1 - 1))), {}};
+    for (size_t d = tab2 + 1; d < end;) {
+      size_t comma = std::min(text.find(',', d), end);
+      s.shape.push_back(std::stoll(text.substr(d, comma - d)));
+      d = comma + 1;
+    }
+    specs.push_back(std::move(s));
+    at = end + 1;
+  }
+  return specs;
+}
+
+int64_t bytes_of(const DatasetSpec& s) {
+  int64_t n = static_cast<int64_t>(c10::elementSize(s.dtype));
+  for (int64_t d : s.shape) n *= d;
+  return n;
+}
+
+void write_all(int fd, const char* data, size_t size, uint64_t offset, const std::string& what) {
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(kCode, what + ": " + std::strerror(errno));
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
+// Durable before it becomes visible: the data, then the name.
+void sync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) throw Error(kCode, path + ": " + std::strerror(errno));
+  const int status = ::fsync(fd);
+  ::close(fd);
+  if (status != 0) throw Error(kCode, path + ": fsync: " + std::strerror(errno));
+}
+
+void replace_file(const std::string& tmp, const std::string& path) {
+  std::string why;
+  if (!files::rename(tmp, path, &why)) throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
+}
+
+std::vector<std::string> directory_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) names.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy) {
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
+  for (const std::string& name : present)
+    if (step_of_checkpoint_file(name) >= 0) checkpoints.emplace_back(step_of_checkpoint_file(name), name);
+  std::sort(checkpoints.rbegin(), checkpoints.rend());  // newest first
+  std::vector<std::string> remove;
+  for (size_t i = 0; i < checkpoints.size(); ++i) {
+    const bool recent = policy.keep_last <= 0 || i < static_cast<size_t>(policy.keep_last);
+    const bool milestone = policy.keep_every > 0 && checkpoints[i].first % policy.keep_every == 0;
+    if (!recent && !milestone) remove.push_back(checkpoints[i].second);
+  }
+  return remove;
+}
+
+CheckpointWriter::CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel)
+    : dir_(std::move(dir)), retention_(retention), parallel_(parallel) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();
+}
+
+double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, CheckpointState state,
+                               const torch::Tensor& rng) {
+  finish();
+  const Clock::time_point start = Clock::now();
+  const RankGrid& grid = parallel_.grid;
+  job_ = Job{};
+  job_.step = step;
+  job_.path = dir_ + "/" + checkpoint_file_name(step);
+  job_.tmp_path = job_.path + ".tmp";
+  job_.started = start;
+
+  // Every rank learns every dataset (each stage's first data-parallel rank describes its own).
+  std::vector<DatasetSpec> stage;
+  for (const auto& [name, t] : datasets) stage.push_back({name, t.scalar_type(), t.sizes().vec()});
+  std::vector<DatasetSpec> all;
+  for (const std::string& text : allgather_strings(parallel_.coord.dp == 0 ? serialize(stage) : ""))
+    for (DatasetSpec& s : parse(text)) all.push_back(std::move(s));
+  std::sort(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name < b.name; });
+
+  // The stage's data-parallel ranks share its datasets, largest first to the least loaded: the
+  // same split on each of them.
+  std::vector<size_t> order(datasets.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return datasets[a].second.nbytes() > datasets[b].second.nbytes(); });
+  std::vector<int64_t> load(static_cast<size_t>(grid.dp()), 0);
+  for (size_t i : order) {
+    const size_t writer = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[writer] += static_cast<int64_t>(datasets[i].second.nbytes());
+    if (static_cast<int>(writer) == parallel_.coord.dp)
+      // The copy to host memory: after it, training may change the tensors.
+      job_.mine.emplace_back(datasets[i].first,
+                             datasets[i].second.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous());
+  }
+
+  // Rank 0 keeps every rank's generator state.
+  const std::vector<std::string> states = allgather_strings(
+      std::string(static_cast<const char*>(rng.data_ptr()), static_cast<size_t>(rng.nbytes())));
+  if (parallel_.world_rank == 0) {
+    for (const std::string& s : states)
+      if (s.size() != states[0].size()) throw Error(ExitCode::kInternal, "checkpoint: ranks' generator states differ in size");
+    state.rng = torch::empty({static_cast<int64_t>(states.size()), static_cast<int64_t>(states[0].size())}, torch::kUInt8);
+    for (size_t r = 0; r < states.size(); ++r)
+      std::memcpy(state.rng[static_cast<int64_t>(r)].data_ptr(), states[r].data(), states[r].size());
+  }
+  job_.state = std::move(state);
+
+  // The file and its datasets, created together by every rank through MPI-IO; HDF5 places each
+  // dataset (contiguous, allocated now, never filled) and tells where.
+  std::string why;
+  if (parallel_.world_rank == 0 && !files::make_directories(dir_, &why))
+    throw config_error("ckpt.dir", dir_, "cannot create this directory (" + why + ")");
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  {
+    std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+    h5::quiet_errors();
+    h5::Handle fapl(h5::check_id(H5Pcreate(H5P_FILE_ACCESS), kCode, "H5Pcreate"), H5Pclose);
+    h5::check(H5Pset_fapl_mpio(fapl.get(), MPI_COMM_WORLD, MPI_INFO_NULL), kCode, "H5Pset_fapl_mpio");
+    h5::Handle file(h5::check_id(H5Fcreate(job_.tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), kCode,
+                                 "cannot create " + job_.tmp_path),
+                    H5Fclose);
+    h5::Handle lcpl(h5::check_id(H5Pcreate(H5P_LINK_CREATE), kCode, "H5Pcreate"), H5Pclose);
+    h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), kCode, "H5Pset_create_intermediate_group");
+    h5::Handle dcpl(h5::check_id(H5Pcreate(H5P_DATASET_CREATE), kCode, "H5Pcreate"), H5Pclose);
+    h5::check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), kCode, "H5Pset_layout");
+    h5::check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), kCode, "H5Pset_alloc_time");
+    h5::check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), kCode, "H5Pset_fill_time");
+    for (const DatasetSpec& spec : all) {
+      std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end());
+      h5::Handle space(h5::check_id(dims.empty() ? H5Screate(H5S_SCALAR)
+                                                 : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                    kCode, "H5Screate"),
+                       H5Sclose);
+      h5::Handle type = stored_type(spec.dtype);
+      const std::string where = job_.tmp_path + ": /" + spec.name;
+      h5::Handle dataset(h5::check_id(H5Dcreate2(file.get(), ("/" + spec.name).c_str(), type.get(), space.get(),
+                                                 lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                                      kCode, "creating " + where),
+                         H5Dclose);
+      const haddr_t offset = H5Dget_offset(dataset.get());
+      if (offset == HADDR_UNDEF && bytes_of(spec) > 0) throw Error(kCode, where + ": HDF5 placed no storage for it");
+      job_.offsets[spec.name] = offset;
+    }
+  }
+  job_.blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  in_flight_ = true;
+  written_ = false;
+  thread_ = std::thread([this] { write_share(); });
+  return job_.blocked_seconds;
+}
+
+void CheckpointWriter::write_share() {
+  try {
+    const int fd = ::open(job_.tmp_path.c_str(), O_WRONLY);
+    if (fd < 0) throw Error(kCode, job_.tmp_path + ": " + std::strerror(errno));
+    try {
+      for (const auto& [name, t] : job_.mine) {
+        const char* data = static_cast<const char*>(t.data_ptr());
+        write_all(fd, data, t.nbytes(), job_.offsets.at(name), job_.tmp_path + ": writing /" + name);
+        job_.checksums[name] = xxh64(data, t.nbytes());
+      }
+      if (::fsync(fd) != 0) throw Error(kCode, job_.tmp_path + ": fsync: " + std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  } catch (const std::exception& e) {
+    job_.error = e.what();
+  }
+  job_.mine.clear();  // the host copies are no longer needed
+  written_ = true;
+}
+
+void CheckpointWriter::poll() {
+  if (!in_flight_) return;
+  torch::Tensor everyone_written = torch::full({1}, written_ ? 1 : 0, torch::kInt32);
+  // The minimum over ranks: 1 only when every rank has written its share.
+  everyone_written.neg_();
+  parallel_.world->all_reduce(everyone_written, ReduceOp::kMax);
+  if (-everyone_written.item<int>() == 1) complete();
+}
+
+void CheckpointWriter::finish() {
+  if (!in_flight_) return;
+  if (thread_.joinable()) thread_.join();
+  complete();
+}
+
+void CheckpointWriter::complete() {
+  if (thread_.joinable()) thread_.join();
+  in_flight_ = false;
+  torch::Tensor failed = torch::full({1}, job_.error.empty() ? 0 : 1, torch::kInt32);
+  parallel_.world->all_reduce(failed, ReduceOp::kMax);
+  if (!job_.error.empty()) throw Error(kCode, "checkpoint of step " + std::to_string(job_.step) + ": " + job_.error);
+  if (failed.item<int>() != 0) return;  // the rank that failed says so and ends the job
+  std::string mine;
+  for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + std::to_string(checksum) + "\n";
+  std::map<std::string, uint64_t> checksums;
+  for (const std::string& text : allgather_strings(mine)) {
+    for (size_t at = 0; at < text.size();) {
+      const size_t tab = text.find('\t', at), end = text.find('\n', at);
+      checksums[text.substr(at, tab - at)] = std::stoull(text.substr(tab + 1, end - tab - 1));
+      at = end + 1;
+    }
+  }
+  if (parallel_.world_rank == 0) finalize_on_rank0(checksums);
+}
+
+void CheckpointWriter::finalize_on_rank0(const std::map<std::string, uint64_t>& checksums) {
+  const CheckpointState& s = job_.state;
+  {
+    std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+    h5::quiet_errors();
+    h5::Handle file(h5::check_id(H5Fopen(job_.tmp_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), kCode,
+                                 "cannot reopen " + job_.tmp_path),
+                    H5Fclose);
+    for (const auto& [name, checksum] : checksums) {
+      h5::Handle dataset(h5::check_id(H5Dopen2(file.get(), ("/" + name).c_str(), H5P_DEFAULT), kCode,
+                                      job_.tmp_path + ": /" + name),
+                         H5Dclose);
+      h5::write_attribute_string(dataset.get(), kChecksumAttribute, hex64(checksum), kCode);
+    }
+    h5::Handle trainer(h5::check_id(H5Gcreate2(file.get(), "trainer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
+                                    job_.tmp_path + ": creating /trainer"),
+                       H5Gclose);
+    const hid_t g = trainer.get();
+    h5::write_attribute_u64(g, "step", static_cast<uint64_t>(s.step), kCode);
+    h5::write_attribute_u64(g, "consumed_samples", s.consumed_samples, kCode);
+    h5::write_attribute_u64(g, "tokens", s.tokens, kCode);
+    h5::write_attribute_u64(g, "optimizer_steps", s.optimizer_steps, kCode);
+    h5::write_attribute_f64(g, "loss_scale", s.loss_scale, kCode);
+    h5::write_attribute_f64(g, "loss_scale_clean_steps", s.loss_scale_clean_steps, kCode);
+    h5::write_attribute_f64(g, "skipped_steps", s.skipped_steps, kCode);
+    h5::write_attribute_u64(g, "global_batch", s.global_batch, kCode);
+    h5::write_attribute_u64(g, "seq_len", s.seq_len, kCode);
+    h5::write_attribute_string(g, "config", s.config, kCode);
+    h5::write_attribute_string(g, "model_shape", s.model_shape, kCode);
+    h5::write_attribute_string(g, "corpus_path", s.corpus_path, kCode);
+    h5::write_attribute_string(g, "corpus_checksum", s.corpus_checksum, kCode);
+    h5::write_attribute_u64(g, "world_size", s.world_size, kCode);
+    h5::write_attribute_u64(g, "dp", s.dp, kCode);
+    h5::write_attribute_u64(g, "pp", s.pp, kCode);
+    h5::write_attribute_u64(g, "virtual_stages", s.virtual_stages, kCode);
+    h5::write_attribute_string(g, "schedule", s.schedule, kCode);
+    h5::write_attribute_string(g, "stage_layers", s.stage_layers, kCode);
+    {
+      hsize_t dims[2] = {static_cast<hsize_t>(s.rng.size(0)), static_cast<hsize_t>(s.rng.size(1))};
+      h5::Handle space(h5::check_id(H5Screate_simple(2, dims, nullptr), kCode, "H5Screate_simple"), H5Sclose);
+      h5::Handle rng(h5::check_id(H5Dcreate2(g, "rng_cpu", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                             H5P_DEFAULT),
+                                  kCode, job_.tmp_path + ": creating /trainer/rng_cpu"),
+                     H5Dclose);
+      h5::check(H5Dwrite(rng.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.rng.data_ptr()), kCode,
+                job_.tmp_path + ": writing /trainer/rng_cpu");
+      h5::write_attribute_string(rng.get(), kChecksumAttribute, hex64(xxh64(s.rng.data_ptr(), s.rng.nbytes())), kCode);
+    }
+    h5::Handle root(h5::check_id(H5Gopen2(file.get(), "/", H5P_DEFAULT), kCode, job_.tmp_path), H5Gclose);
+    h5::write_attribute_string(root.get(), "format", kCheckpointFormat, kCode);
+    h5::write_attribute_u64(root.get(), "format_version", kCheckpointFormatVersion, kCode);
+    h5::check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), kCode, job_.tmp_path + ": flushing");
+  }
+  sync_path(job_.tmp_path, O_RDONLY);
+  replace_file(job_.tmp_path, job_.path);
+  sync_path(dir_, O_RDONLY | O_DIRECTORY);
+  // `latest`: replaced in one rename, so that it always names a complete checkpoint.
+  const std::string latest = dir_ + "/latest";
+  {
+    const int fd = ::open((latest + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) throw Error(kCode, latest + ".tmp: " + std::strerror(errno));
+    const std::string text = checkpoint_file_name(job_.step) + "\n";
+    try {
+      write_all(fd, text.data(), text.size(), 0, latest + ".tmp");
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::fsync(fd);
+    ::close(fd);
+  }
+  replace_file(latest + ".tmp", latest);
+  sync_path(dir_, O_RDONLY | O_DIRECTORY);
+  // Retention, and the remains of saves that crashed.
+  const std::vector<std::string> entries = directory_entries(dir_);
+  for (const std::string& name : checkpoints_to_remove(entries, retention_)) files::remove_tree(dir_ + "/" + name);
+  for (const std::string& name : entries)
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".h5.tmp") == 0 &&
+        step_of_checkpoint_file(name.substr(0, name.size() - 4)) >= 0)
+      files::remove_tree(dir_ + "/" + name);
+  const double seconds = std::chrono::duration<double>(Clock::now() - job_.started).count();
+  char text[160];
+  std::snprintf(text, sizeof text, "checkpoint of step %lld: %s (training blocked %.2f s, written in %.2f s)",
+                static_cast<long long>(job_.step), job_.path.c_str(), job_.blocked_seconds, seconds);
+  log::info(text);
+}
+
+}  // namespace dstrain

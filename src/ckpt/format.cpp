@@ -1,0 +1,73 @@
+#include "dstrain/ckpt/format.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+namespace {
+
+constexpr ExitCode kCode = ExitCode::kCheckpoint;
+
+// A 16-bit float with the given exponent and mantissa widths, little-endian, sign in bit 15.
+h5::Handle half_type(size_t exponent_bits, size_t mantissa_bits, size_t bias) {
+  h5::Handle type(h5::check_id(H5Tcopy(H5T_IEEE_F32LE), kCode, "H5Tcopy"), H5Tclose);
+  h5::check(H5Tset_fields(type.get(), 15, mantissa_bits, exponent_bits, 0, mantissa_bits), kCode, "H5Tset_fields");
+  h5::check(H5Tset_size(type.get(), 2), kCode, "H5Tset_size");
+  h5::check(H5Tset_ebias(type.get(), bias), kCode, "H5Tset_ebias");
+  return type;
+}
+
+}  // namespace
+
+h5::Handle stored_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return h5::Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+    case torch::kFloat64: return h5::Handle(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
+    case torch::kBFloat16: return half_type(8, 7, 127);
+    case torch::kFloat16: return half_type(5, 10, 15);
+    case torch::kInt64: return h5::Handle(H5Tcopy(H5T_STD_I64LE), H5Tclose);
+    case torch::kUInt8: return h5::Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
+    default:
+      throw Error(ExitCode::kInternal, std::string("checkpoint: no stored type for dtype ") + c10::toString(dtype));
+  }
+}
+
+torch::ScalarType dtype_of_stored(hid_t type, const std::string& context) {
+  const H5T_class_t kind = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (kind == H5T_FLOAT && size == 4) return torch::kFloat32;
+  if (kind == H5T_FLOAT && size == 8) return torch::kFloat64;
+  if (kind == H5T_FLOAT && size == 2) return H5Tget_ebias(type) == 127 ? torch::kBFloat16 : torch::kFloat16;
+  if (kind == H5T_INTEGER && size == 8 && H5Tget_sign(type) == H5T_SGN_2) return torch::kInt64;
+  if (kind == H5T_INTEGER && size == 1 && H5Tget_sign(type) == H5T_SGN_NONE) return torch::kUInt8;
+  throw Error(kCode, context + ": a data type a checkpoint does not use");
+}
+
+const char* dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return "fp32";
+    case torch::kFloat64: return "fp64";
+    case torch::kBFloat16: return "bf16";
+    case torch::kFloat16: return "fp16";
+    case torch::kInt64: return "int64";
+    case torch::kUInt8: return "uint8";
+    default: return "?";
+  }
+}
+
+std::string checkpoint_file_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+  return name;
+}
+
+int64_t step_of_checkpoint_file(const std::string& name) {
+  if (name.size() != 16 || name.compare(0, 5, "step_") != 0 || name.compare(13, 3, ".h5") != 0) return -1;
+  for (size_t i = 5; i < 13; ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::strtoll(name.c_str() + 5, nullptr, 10);
+}
+
+}  // namespace dstrain

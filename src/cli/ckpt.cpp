@@ -1,0 +1,79 @@
+// dstrain ckpt inspect: what a checkpoint holds; dstrain ckpt verify: whether its data are intact.
+#include "ckpt.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+namespace {
+
+const char* kCkptUsage =
+    "usage: dstrain ckpt inspect FILE    step, layout, configuration, every tensor with shape and dtype\n"
+    "       dstrain ckpt verify FILE     read every dataset and check it against its checksum\n"
+    "FILE is a checkpoint, or a checkpoint directory (its latest).\n";
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+int inspect(const CheckpointReader& r) {
+  const CheckpointState& s = r.state();
+  std::printf("%s\n  step %lld, %llu samples (%llu tokens) consumed, %llu optimizer steps\n", r.path().c_str(),
+              static_cast<long long>(s.step), static_cast<unsigned long long>(s.consumed_samples),
+              static_cast<unsigned long long>(s.tokens), static_cast<unsigned long long>(s.optimizer_steps));
+  std::printf("  written by %llu ranks: dp %llu x pp %llu, schedule %s, %llu chunk(s) per stage, layers per virtual "
+              "stage %s\n",
+              static_cast<unsigned long long>(s.world_size), static_cast<unsigned long long>(s.dp),
+              static_cast<unsigned long long>(s.pp), s.schedule.c_str(),
+              static_cast<unsigned long long>(s.virtual_stages), s.stage_layers.c_str());
+  std::printf("  global batch %llu x %llu tokens; corpus %s (fingerprint %s)\n",
+              static_cast<unsigned long long>(s.global_batch), static_cast<unsigned long long>(s.seq_len),
+              s.corpus_path.c_str(), s.corpus_checksum.c_str());
+  if (s.loss_scale > 0)
+    std::printf("  fp16 loss scale %g (%g clean steps, %g skipped)\n", s.loss_scale, s.loss_scale_clean_steps,
+                s.skipped_steps);
+  int64_t total = 0;
+  std::printf("\n  %-64s %-10s %-16s %12s\n", "dataset", "dtype", "shape", "bytes");
+  for (const CheckpointReader::DatasetInfo& d : r.datasets()) {
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(d.dtype));
+    for (int64_t n : d.shape) bytes *= n;
+    total += bytes;
+    std::printf("  %-64s %-10s %-16s %12lld\n", d.name.c_str(), dtype_name(d.dtype), shape_text(d.shape).c_str(),
+                static_cast<long long>(bytes));
+  }
+  std::printf("\n  %zu datasets, %.1f MB\n\nconfiguration:\n%s", r.datasets().size(), static_cast<double>(total) / 1e6,
+              s.config.c_str());
+  return 0;
+}
+
+int verify(const CheckpointReader& r) {
+  const std::vector<std::string> bad = r.verify();
+  if (bad.empty()) {
+    std::printf("%s: all %zu datasets match their checksums\n", r.path().c_str(), r.datasets().size());
+    return 0;
+  }
+  std::string message = std::to_string(bad.size()) + " of " + std::to_string(r.datasets().size()) +
+                        " datasets do not match their checksums:";
+  for (const std::string& b : bad) message += "\n  " + b;
+  throw Error(ExitCode::kCheckpoint, message);
+}
+
+}  // namespace
+
+int ckpt_command(const std::vector<std::string>& args) {
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << kCkptUsage;
+    return 0;
+  }
+  if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify"))
+    throw Error(ExitCode::kUsage, std::string("ckpt: expected inspect FILE or verify FILE\n") + kCkptUsage);
+  const CheckpointReader reader(resolve_resume(args[1], ""));
+  return args[0] == "inspect" ? inspect(reader) : verify(reader);
+}
+
+}  // namespace dstrain

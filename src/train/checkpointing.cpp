@@ -1,0 +1,90 @@
+#include "dstrain/train/checkpointing.h"
+
+#include <sstream>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+namespace {
+
+constexpr ExitCode kCode = ExitCode::kCheckpoint;
+
+std::string value_of(const std::string& text, const std::string& key) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind(key + " = ", 0) == 0) return line.substr(key.size() + 3);
+  return "?";
+}
+
+}  // namespace
+
+NamedTensors checkpoint_datasets(const AdamW& optimizer) {
+  NamedTensors datasets;
+  for (const AdamW::State& s : optimizer.states()) {
+    datasets.emplace_back("model/" + s.name, s.param);
+    if (!s.master.is_same(s.param)) datasets.emplace_back("optim/" + s.name + "/master", s.master);
+    datasets.emplace_back("optim/" + s.name + "/exp_avg", s.exp_avg);
+    datasets.emplace_back("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq);
+  }
+  return datasets;
+}
+
+std::string model_shape_text(const ModelConfig& m) {
+  std::ostringstream out;
+  out << "vocab_size = " << m.vocab_size << "\nhidden_size = " << m.hidden_size
+      << "\nintermediate_size = " << m.intermediate_size << "\nnum_layers = " << m.num_layers
+      << "\nnum_heads = " << m.num_heads << "\nnum_kv_heads = " << m.num_kv_heads << "\n";
+  return out.str();
+}
+
+void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {
+  const CheckpointState& s = reader.state();
+  const std::string& path = reader.path();
+  if (s.model_shape != expected.model_shape) {
+    std::istringstream lines(expected.model_shape);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::string key = line.substr(0, line.find(" = "));
+      if (value_of(s.model_shape, key) != value_of(expected.model_shape, key))
+        throw Error(kCode, path + ": a checkpoint of another model: model." + key + " = " +
+                               value_of(s.model_shape, key) + " there, " + value_of(expected.model_shape, key) +
+                               " here");
+    }
+  }
+  if (s.corpus_checksum != expected.corpus_fingerprint)
+    throw Error(kCode, "data.train = " + expected.corpus_path + ": not the corpus " + path + " trained on (" +
+                           s.corpus_path + ", fingerprint " + s.corpus_checksum + "; this one's is " +
+                           expected.corpus_fingerprint + "); resume with that corpus, or set ckpt.resume = none");
+  if (s.global_batch != expected.global_batch)
+    throw config_error("train.global_batch", std::to_string(expected.global_batch),
+                       path + " was trained with " + std::to_string(s.global_batch) +
+                           " sequences per step; keep it when resuming (the data order depends on it)");
+  if (s.seq_len != expected.seq_len)
+    throw config_error("train.seq_len", std::to_string(expected.seq_len),
+                       path + " was trained with " + std::to_string(s.seq_len) + "; keep it when resuming");
+}
+
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer) {
+  torch::NoGradGuard no_grad;
+  for (AdamW::State& s : optimizer.states()) {
+    // The fp32 master when the checkpoint has one (a bf16/fp16 run), else the parameter itself.
+    const std::string master = "optim/" + s.name + "/master";
+    torch::Tensor weights = reader.read(reader.find(master) ? master : "model/" + s.name);
+    for (const auto& [name, target] : {std::make_pair(std::string("model/") + s.name, s.master),
+                                       std::make_pair("optim/" + s.name + "/exp_avg", s.exp_avg),
+                                       std::make_pair("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq)}) {
+      const CheckpointReader::DatasetInfo* info = reader.find(name);
+      if (!info) throw Error(kCode, reader.path() + ": /" + name + " is missing (a checkpoint of another model?)");
+      if (info->shape != target.sizes().vec())
+        throw Error(kCode, reader.path() + ": /" + name + " has another shape than this model's " + s.name);
+    }
+    s.master.copy_(weights);
+    s.exp_avg.copy_(reader.read("optim/" + s.name + "/exp_avg"));
+    s.exp_avg_sq.copy_(reader.read("optim/" + s.name + "/exp_avg_sq"));
+  }
+  optimizer.load_masters();
+  optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));
+}
+
+}  // namespace dstrain

@@ -1,0 +1,282 @@
+// Checkpoints and restarts with real processes: ranks killed with SIGKILL, a signal as Slurm sends
+// it, damaged files, other layouts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/core/files.h"
+#include "dstrain/core/h5.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+// input/tiny.ini with 4 layers, 8 sequences per step as 8 micro-batches of 1 on one rank; a
+// checkpoint every 5 of its 20 steps.
+const std::vector<std::string> kRun = {"--train.device", "cpu",          "--model.num_layers", "4",
+                                       "--train.micro_batch", "1",       "--train.global_batch", "8",
+                                       "--ckpt.interval", "5",           "--log.interval", "1"};
+
+RunOutput train(int ranks, int pp, const std::string& run_dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = kRun;
+  args.insert(args.end(), {"--parallel.pp", std::to_string(pp)});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return train_tiny(ranks, run_dir, args);
+}
+
+// The uninterrupted 2 × 2 run, once per test process.
+const std::string& uninterrupted() {
+  static std::string dir = [] {
+    std::string d = scratch_dir("ckpt-uninterrupted-" + std::to_string(getpid()));
+    RunOutput run = train(4, 2, d);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return d;
+  }();
+  return dir;
+}
+
+std::string digest(const std::string& run_dir) { return read_json(run_dir + "/summary.json")["param_digest"]; }
+
+std::string checkpoint(const std::string& run_dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/checkpoints/step_%08d.h5", step);
+  return run_dir + name;
+}
+
+std::string latest_of(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/checkpoints/latest");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// Every record of `b` equals the record of `a` for the same step (all its numbers but timings).
+void expect_same_records(const std::string& a, const std::string& b, double tolerance) {
+  auto ra = read_jsonl(a + "/metrics.jsonl"), rb = read_jsonl(b + "/metrics.jsonl");
+  ASSERT_EQ(ra.size(), rb.size());
+  for (size_t i = 0; i < ra.size(); ++i) {
+    EXPECT_EQ(ra[i]["step"], rb[i]["step"]) << "record " << i;
+    for (const char* key : {"loss", "grad_norm", "lr", "eval_loss", "consumed_samples"}) {
+      if (!ra[i].contains(key)) continue;
+      ASSERT_TRUE(rb[i].contains(key)) << key << " record " << i;
+      if (tolerance == 0)
+        EXPECT_EQ(ra[i][key], rb[i][key]) << key << " at step " << ra[i]["step"];
+      else
+        EXPECT_NEAR(ra[i][key].get<double>(), rb[i][key].get<double>(), tolerance) << key << " at step " << ra[i]["step"];
+    }
+  }
+}
+
+// The byte at the middle of a dataset's data, flipped in place.
+void flip_a_byte(const std::string& file, const std::string& dataset) {
+  haddr_t offset = 0;
+  hsize_t size = 0;
+  {
+    std::lock_guard<std::recursive_mutex> lock(dstrain::h5::h5_mutex());
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    offset = H5Dget_offset(d);
+    size = H5Dget_storage_size(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset + size / 2));
+  char byte = 0;
+  io.get(byte);
+  io.seekp(static_cast<std::streamoff>(offset + size / 2));
+  io.put(static_cast<char>(byte ^ 0x10));
+}
+
+}  // namespace
+
+// A rank of a 2 × 2 run dies (SIGKILL) at step 13; the job is started again with the same
+// command: it resumes from step 10 and ends bitwise where the run that never stopped ended.
+TEST(Checkpoint, KilledRankResumesBitwise) {
+  std::string dir = scratch_dir("ckpt-killed");
+  RunOutput killed = train(4, 2, dir, {"--debug.fail_at_step", "13", "--debug.fail_rank", "3"});
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_EQ(latest_of(dir), "step_00000010.h5");
+  RunOutput resumed = train(4, 2, dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + checkpoint(dir, 10)), std::string::npos) << resumed.output;
+  EXPECT_EQ(digest(dir), digest(uninterrupted()));
+  expect_same_records(uninterrupted(), dir, 0.0);  // steps 11-13 logged once, as re-run
+}
+
+// SIGKILL while the step-10 checkpoint is being written: `latest` still names step 5, which
+// verifies and resumes.
+TEST(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpoint) {
+  std::string dir = scratch_dir("ckpt-kill-in-save");
+  RunOutput killed = train(4, 2, dir, {"--debug.fail_at_step", "10", "--debug.fail_rank", "1",
+                                       "--debug.fail_mode", "kill_in_save"});
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_EQ(latest_of(dir), "step_00000005.h5");
+  EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 10)));
+  RunOutput verify = run_dstrain(0, {"ckpt", "verify", dir + "/checkpoints"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  EXPECT_NE(verify.output.find("all 118 datasets match"), std::string::npos) << verify.output;
+  RunOutput resumed = train(4, 2, dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(digest(dir), digest(uninterrupted()));
+  EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 10) + ".tmp"));  // cleaned up by a later save
+}
+
+// The 2 × 2 checkpoint of step 10, resumed as DP 4 × PP 1 and as DP 1 × PP 4.
+TEST(Checkpoint, ResumesOnOtherLayouts) {
+  const std::string source = checkpoint(uninterrupted(), 10);
+  for (int pp : {1, 4}) {
+    std::string dir = scratch_dir("ckpt-relayout-pp" + std::to_string(pp));
+    RunOutput run = train(4, pp, dir, {"--ckpt.resume", source});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("continuing on this layout"), std::string::npos) << run.output;
+    auto mine = train_records(dir), reference = train_records(uninterrupted());
+    ASSERT_EQ(mine.size(), 10u);  // steps 11-20
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_EQ(mine[i]["step"], reference[i + 10]["step"]);
+      EXPECT_NEAR(mine[i]["loss"].get<double>(), reference[i + 10]["loss"].get<double>(), 1e-5) << "pp " << pp;
+    }
+  }
+}
+
+// SIGTERM (Slurm's warning) reaches one rank at step 7: every rank stops after the step, a
+// checkpoint is written, the job exits with 75; the resubmitted job continues exactly.
+TEST(Checkpoint, SigtermCheckpointsRequeuesAndResumesExactly) {
+  std::string dir = scratch_dir("ckpt-sigterm");
+  RunOutput stopped = train(4, 2, dir, {"--debug.fail_at_step", "7", "--debug.fail_rank", "2",
+                                        "--debug.fail_mode", "sigterm"});
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.output;
+  EXPECT_NE(stopped.output.find("resubmit the job to continue"), std::string::npos) << stopped.output;
+  EXPECT_EQ(latest_of(dir), "step_00000007.h5");
+  RunOutput resumed = train(4, 2, dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(digest(dir), digest(uninterrupted()));
+  expect_same_records(uninterrupted(), dir, 0.0);
+}
+
+// Damage and mismatches: each a clear error with the checkpoint exit code, naming what is wrong.
+TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
+  std::string dir = scratch_dir("ckpt-damaged");
+  ASSERT_EQ(train(1, 1, dir, {"--train.steps", "5"}).exit_code, 0);
+  const std::string good = checkpoint(dir, 5);
+
+  std::string flipped = dir + "/flipped.h5";
+  dstrain::files::remove_tree(flipped);
+  { std::ifstream in(good, std::ios::binary); std::ofstream out(flipped, std::ios::binary); out << in.rdbuf(); }
+  flip_a_byte(flipped, "/optim/model.layers.1.mlp.up_proj.weight/exp_avg");
+  RunOutput verify = run_dstrain(0, {"ckpt", "verify", flipped});
+  EXPECT_EQ(verify.exit_code, 4) << verify.output;
+  EXPECT_NE(verify.output.find("/optim/model.layers.1.mlp.up_proj.weight/exp_avg: the data do not match the checksum"),
+            std::string::npos) << verify.output;
+  RunOutput resume = train(1, 1, scratch_dir("ckpt-from-flipped"), {"--ckpt.resume", flipped});
+  EXPECT_EQ(resume.exit_code, 4) << resume.output;
+  EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
+
+  std::string truncated = dir + "/truncated.h5";
+  { std::ifstream in(good, std::ios::binary); std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
+  RunOutput cut = run_dstrain(0, {"ckpt", "inspect", truncated});
+  EXPECT_EQ(cut.exit_code, 4) << cut.output;
+  EXPECT_NE(cut.output.find(truncated + ": not a readable HDF5 file (truncated or damaged?)"), std::string::npos)
+      << cut.output;
+
+  std::string dangling = scratch_dir("ckpt-dangling");
+  ASSERT_TRUE(dstrain::files::make_directories(dangling + "/checkpoints", nullptr) || true);
+  std::ofstream(dangling + "/checkpoints/latest") << "step_00000099.h5\n";
+  RunOutput missing = train(1, 1, dangling);
+  EXPECT_EQ(missing.exit_code, 4) << missing.output;
+  EXPECT_NE(missing.output.find("latest names step_00000099.h5, which does not exist"), std::string::npos)
+      << missing.output;
+
+  RunOutput other = train(1, 1, scratch_dir("ckpt-other-model"), {"--ckpt.resume", good, "--model.hidden_size", "64"});
+  EXPECT_EQ(other.exit_code, 4) << other.output;
+  EXPECT_NE(other.output.find("a checkpoint of another model: model.hidden_size = 32 there, 64 here"),
+            std::string::npos) << other.output;
+
+  RunOutput corpus = train(1, 1, scratch_dir("ckpt-other-corpus"),
+                           {"--ckpt.resume", good, "--data.train", test_corpus().valid});
+  EXPECT_EQ(corpus.exit_code, 4) << corpus.output;
+  EXPECT_NE(corpus.output.find("not the corpus " + good + " trained on"), std::string::npos) << corpus.output;
+}
+
+// A rank that stops answering: the others give up after comm.timeout_s, say which operation
+// waited for whom, and end the job with the communication exit code.
+TEST(Checkpoint, AHungRankEndsTheJobWithACommunicationError) {
+  std::string dir = scratch_dir("ckpt-hang");
+  RunOutput run = train(4, 2, dir, {"--debug.fail_at_step", "4", "--debug.fail_rank", "1", "--debug.fail_mode", "hang",
+                                    "--comm.timeout_s", "3"});
+  EXPECT_EQ(run.exit_code, 5) << run.output;
+  EXPECT_NE(run.output.find("did not finish within comm.timeout_s = 3 s"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("world rank 1"), std::string::npos) << run.output;  // the peer waited for
+}
+
+// A step whose gradients are not finite never reaches a checkpoint: the run stops first.
+TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
+  std::string dir = scratch_dir("ckpt-nonfinite");
+  RunOutput run = train(2, 1, dir, {"--debug.fail_at_step", "7", "--debug.fail_rank", "1", "--debug.fail_mode", "nan",
+                                    "--log.interval", "10"});
+  EXPECT_EQ(run.exit_code, 6) << run.output;
+  EXPECT_NE(run.output.find("steps 6-10: the gradient norm was not finite in 1 step(s)"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(latest_of(dir), "step_00000005.h5");  // the last good one, intact
+  EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 10)));
+}
+
+// Retention: the newest keep_last, plus every keep_every-th for good; h5dump reads the files.
+TEST(Checkpoint, RetentionAndH5dump) {
+  std::string dir = scratch_dir("ckpt-retention");
+  ASSERT_EQ(train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10"}).exit_code, 0);
+  EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 5)));
+  EXPECT_TRUE(dstrain::files::exists(checkpoint(dir, 10)));  // a multiple of keep_every
+  EXPECT_TRUE(dstrain::files::exists(checkpoint(dir, 15)));
+  EXPECT_TRUE(dstrain::files::exists(checkpoint(dir, 20)));
+  EXPECT_EQ(latest_of(dir), "step_00000020.h5");
+
+  FILE* pipe = popen(("h5dump -n " + checkpoint(dir, 20) + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string listing;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) listing.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << listing;
+  for (const char* name : {"dataset    /model/lm_head.weight", "dataset    /optim/model.norm.weight/exp_avg_sq",
+                           "dataset    /trainer/rng_cpu"})
+    EXPECT_NE(listing.find(name), std::string::npos) << name << " in:\n" << listing;
+}
+
+// bf16 parameters are saved as bf16 (h5dump reads them as numbers) beside their fp32 master
+// weights, from which a resumed run continues bitwise.
+TEST(Checkpoint, Bf16RunsResumeFromTheirMasterWeights) {
+  const std::vector<std::string> bf16 = {"--train.precision", "bf16", "--train.steps", "10"};
+  std::string whole = scratch_dir("ckpt-bf16-whole"), broken = scratch_dir("ckpt-bf16-broken");
+  ASSERT_EQ(train(2, 1, whole, bf16).exit_code, 0);
+  std::vector<std::string> killed = bf16;
+  killed.insert(killed.end(), {"--debug.fail_at_step", "7", "--debug.fail_rank", "0"});
+  EXPECT_NE(train(2, 1, broken, killed).exit_code, 0);
+  RunOutput resumed = train(2, 1, broken, bf16);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(digest(broken), digest(whole));
+
+  dstrain::CheckpointReader reader(checkpoint(whole, 10));
+  ASSERT_NE(reader.find("model/lm_head.weight"), nullptr);
+  EXPECT_EQ(reader.find("model/lm_head.weight")->dtype, torch::kBFloat16);
+  ASSERT_NE(reader.find("optim/lm_head.weight/master"), nullptr);
+  EXPECT_EQ(reader.find("optim/lm_head.weight/master")->dtype, torch::kFloat32);
+  torch::Tensor master = reader.read("optim/lm_head.weight/master"), param = reader.read("model/lm_head.weight");
+  EXPECT_TRUE(torch::equal(param, master.to(torch::kBFloat16)));  // the parameter is its rounded master
+  // HDF5 itself reads the 16-bit type as numbers (what h5dump and h5py show).
+  std::lock_guard<std::recursive_mutex> lock(dstrain::h5::h5_mutex());
+  hid_t f = H5Fopen(checkpoint(whole, 10).c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, "/model/lm_head.weight", H5P_DEFAULT);
+  torch::Tensor as_float = torch::empty(param.sizes(), torch::kFloat32);
+  EXPECT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, as_float.data_ptr<float>()), 0);
+  H5Dclose(d);
+  H5Fclose(f);
+  EXPECT_TRUE(torch::equal(as_float, param.to(torch::kFloat32)));
+}
