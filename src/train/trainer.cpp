@@ -400,13 +400,20 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
 }
 
 void Trainer::check_finite_steps(int64_t step) {
+  // A collective that hangs on a GPU surfaces here (after comm.timeout_s), not in the read below.
+  parallel_.pp_group->synchronize();
+  parallel_.dp_group->synchronize();
   const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
   const std::string steps_text = "steps " + std::to_string(last_logged_step_ + 1) + "-" + std::to_string(step);
-  if (!loss_scaler_ && nonfinite > 0)
+  if (!loss_scaler_ && nonfinite > 0 && config_.optim.skip_nonfinite) {
+    log::warning(steps_text, ": ", nonfinite, " step(s) with a non-finite gradient norm skipped (optim.nonfinite = skip)");
+    nonfinite_steps_.zero_();
+  }
+  if (!loss_scaler_ && nonfinite > 0 && !config_.optim.skip_nonfinite)
     throw Error(ExitCode::kNumerical, steps_text + ": the gradient norm was not finite in " +
                                           std::to_string(nonfinite) +
-                                          " step(s), which were skipped; lower optim.lr or check the data (the "
-                                          "last checkpoint is intact)");
+                                          " step(s), which changed nothing; lower optim.lr or check the data (the "
+                                          "last checkpoint is intact; optim.nonfinite = skip goes on instead)");
   if (loss_scaler_) {
     const double loss_scale = loss_scaler_->scale().item<double>();
     if (loss_scale < 1.0)

@@ -226,6 +226,16 @@ TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
       << run.output;
   EXPECT_EQ(latest_of(dir), "step_00000005.h5");  // the last good one, intact
   EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 10)));
+
+  // optim.nonfinite = skip: the step changes nothing, and the run goes on.
+  std::string skipping = scratch_dir("ckpt-nonfinite-skip");
+  RunOutput skipped = train(2, 1, skipping, {"--debug.fail_at_step", "7", "--debug.fail_rank", "1",
+                                             "--debug.fail_mode", "nan", "--log.interval", "10",
+                                             "--optim.nonfinite", "skip"});
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("steps 6-10: 1 step(s) with a non-finite gradient norm skipped"), std::string::npos)
+      << skipped.output;
+  EXPECT_EQ(latest_of(skipping), "step_00000020.h5");
 }
 
 // Retention: the newest keep_last, plus every keep_every-th for good; h5dump reads the files.

@@ -14,6 +14,7 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
+  bool skip_nonfinite = false;  // go on after a step with a non-finite gradient norm (else stop)
   double loss_scale = 65536;  // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 1000;
 };
