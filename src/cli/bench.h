@@ -13,7 +13,7 @@ namespace dstrain::bench {
 // The options of `dstrain train` plus the [bench] section.
 OptionTable option_table();
 
-// Each runs inside an MPI session; `options` are parsed with option_table().
+// Each runs after MPI_Init_thread; `options` are parsed with option_table().
 nlohmann::json step(Options options);    // training steps on a random corpus: tokens/s, MFU, memory
 nlohmann::json comm(const Options& options);    // collectives' bus bandwidth over message sizes
 nlohmann::json memory(const Options& options);  // host and device copy bandwidth
