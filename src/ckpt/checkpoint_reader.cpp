@@ -43,10 +43,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
   h5::quiet_errors();
   if (!files::is_regular_file(path)) throw Error(kCode, path + ": no such checkpoint file");
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file_ < 0)
+  file_ = h5::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file_.get() < 0)
     throw Error(kCode, path + ": not a readable HDF5 file (truncated or damaged?): " + h5::last_error_message());
-  const hid_t file = static_cast<hid_t>(file_);
+  const hid_t file = file_.get();
   h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
   if (H5Aexists(root.get(), "format") <= 0 ||
       h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat)
@@ -102,7 +102,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
 
 CheckpointReader::~CheckpointReader() {
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
-  if (file_ >= 0) H5Fclose(static_cast<hid_t>(file_));
+  file_.reset();
 }
 
 const CheckpointReader::DatasetInfo* CheckpointReader::find(const std::string& name) const {
@@ -116,7 +116,7 @@ torch::Tensor CheckpointReader::read(const std::string& name) const {
   if (!info) throw Error(kCode, path_ + ": /" + name + " is missing");
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
   const std::string at = path_ + ": /" + name;
-  h5::Handle dataset(h5::check_id(H5Dopen2(static_cast<hid_t>(file_), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
+  h5::Handle dataset(h5::check_id(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
   h5::Handle type = stored_type(info->dtype);  // the bytes as stored: the checksum covers them
   torch::Tensor values = torch::empty(info->shape, torch::dtype(info->dtype));
   h5::check(H5Dread(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data_ptr()), kCode,

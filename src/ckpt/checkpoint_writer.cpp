@@ -12,7 +12,6 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/xxhash.h"
-#include "dstrain/dist/mpi_check.h"
 
 namespace dstrain {
 namespace {
@@ -25,22 +24,6 @@ struct DatasetSpec {
   torch::ScalarType dtype;
   std::vector<int64_t> shape;
 };
-
-// Everybody's byte strings, in rank order (MPI_Allgatherv over the world).
-std::vector<std::string> allgather_strings(const std::string& mine) {
-  int size = 1;
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
-  MPI_CHECK(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
-  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  MPI_CHECK(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-                           MPI_COMM_WORLD));
-  std::vector<std::string> out;
-  for (int r = 0; r < size; ++r) out.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(lengths[r])));
-  return out;
-}
 
 // "name\tdtype\tdim,dim,...\n" per dataset.
 std::string serialize(const std::vector<DatasetSpec>& specs) {
@@ -112,13 +95,16 @@ std::vector<std::string> directory_entries(const std::string& dir) {
 
 }  // namespace
 
-std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy) {
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy,
+                                               int64_t current_step) {
   std::vector<std::pair<int64_t, std::string>> checkpoints;
-  for (const std::string& name : present)
-    if (step_of_checkpoint_file(name) >= 0) checkpoints.emplace_back(step_of_checkpoint_file(name), name);
-  std::sort(checkpoints.rbegin(), checkpoints.rend());  // newest first
+  for (const std::string& name : present) {
+    const int64_t step = step_of_checkpoint_file(name);
+    if (step >= 0 && step <= current_step) checkpoints.emplace_back(step, name);
+  }
+  std::sort(checkpoints.rbegin(), checkpoints.rend());  // newest first: the current one
   std::vector<std::string> remove;
-  for (size_t i = 0; i < checkpoints.size(); ++i) {
+  for (size_t i = 1; i < checkpoints.size(); ++i) {
     const bool recent = policy.keep_last <= 0 || i < static_cast<size_t>(policy.keep_last);
     const bool milestone = policy.keep_every > 0 && checkpoints[i].first % policy.keep_every == 0;
     if (!recent && !milestone) remove.push_back(checkpoints[i].second);
@@ -148,7 +134,7 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, Check
   std::vector<DatasetSpec> stage;
   for (const auto& [name, t] : datasets) stage.push_back({name, t.scalar_type(), t.sizes().vec()});
   std::vector<DatasetSpec> all;
-  for (const std::string& text : allgather_strings(parallel_.coord.dp == 0 ? serialize(stage) : ""))
+  for (const std::string& text : parallel_.world->all_gather_strings(parallel_.coord.dp == 0 ? serialize(stage) : ""))
     for (DatasetSpec& s : parse(text)) all.push_back(std::move(s));
   std::sort(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name < b.name; });
 
@@ -169,7 +155,7 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, Check
   }
 
   // Rank 0 keeps every rank's generator state.
-  const std::vector<std::string> states = allgather_strings(
+  const std::vector<std::string> states = parallel_.world->all_gather_strings(
       std::string(static_cast<const char*>(rng.data_ptr()), static_cast<size_t>(rng.nbytes())));
   if (parallel_.world_rank == 0) {
     for (const std::string& s : states)
@@ -185,7 +171,7 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, Check
   std::string why;
   if (parallel_.world_rank == 0 && !files::make_directories(dir_, &why))
     throw config_error("ckpt.dir", dir_, "cannot create this directory (" + why + ")");
-  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  parallel_.world->barrier();
   {
     std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
     h5::quiet_errors();
@@ -272,7 +258,7 @@ void CheckpointWriter::complete() {
   std::string mine;
   for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + std::to_string(checksum) + "\n";
   std::map<std::string, uint64_t> checksums;
-  for (const std::string& text : allgather_strings(mine)) {
+  for (const std::string& text : parallel_.world->all_gather_strings(mine)) {
     for (size_t at = 0; at < text.size();) {
       const size_t tab = text.find('\t', at), end = text.find('\n', at);
       checksums[text.substr(at, tab - at)] = std::stoull(text.substr(tab + 1, end - tab - 1));
@@ -357,7 +343,8 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, uint64_t>& 
   sync_path(dir_, O_RDONLY | O_DIRECTORY);
   // Retention, and the remains of saves that crashed.
   const std::vector<std::string> entries = directory_entries(dir_);
-  for (const std::string& name : checkpoints_to_remove(entries, retention_)) files::remove_tree(dir_ + "/" + name);
+  for (const std::string& name : checkpoints_to_remove(entries, retention_, job_.step))
+    files::remove_tree(dir_ + "/" + name);
   for (const std::string& name : entries)
     if (name.size() > 7 && name.compare(name.size() - 7, 7, ".h5.tmp") == 0 &&
         step_of_checkpoint_file(name.substr(0, name.size() - 4)) >= 0)

@@ -1,73 +1,68 @@
 #include "dstrain/ckpt/gather.h"
 
 #include <algorithm>
-
-#include "dstrain/dist/mpi_check.h"
+#include <cstring>
 
 namespace dstrain {
 namespace {
 
-// Per tensor: name length, dtype, number of dimensions, then the dimensions; then all names.
-constexpr int kHeaderTag = 1, kNamesTag = 2, kDataTag = 3;
-
-// MPI counts are ints: a tensor of more than 2 GiB travels in pieces.
+// Through the world communicator (its timeout applies): the header, then the names, then each
+// tensor's bytes in pieces of at most 1 GiB (MPI counts are ints).
+// Header: number of tensors, length of all names, then per tensor: name length, dtype, number
+// of dimensions, the dimensions.
 constexpr int64_t kPieceBytes = int64_t{1} << 30;
 
-void send_bytes(const torch::Tensor& t, int peer) {
-  auto* data = static_cast<char*>(t.data_ptr());
-  for (int64_t at = 0; at < static_cast<int64_t>(t.nbytes()); at += kPieceBytes) {
-    const int count = static_cast<int>(std::min<int64_t>(kPieceBytes, static_cast<int64_t>(t.nbytes()) - at));
-    MPI_CHECK(MPI_Send(data + at, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD));
+torch::Tensor bytes_of(const torch::Tensor& t) { return t.contiguous().view({-1}).view(torch::kUInt8); }
+
+void send_pieces(MpiCommunicator& world, const torch::Tensor& t, int peer) {
+  torch::Tensor bytes = bytes_of(t.detach().to(torch::kCPU));
+  for (int64_t at = 0; at < bytes.numel(); at += kPieceBytes)
+    world.send(bytes.narrow(0, at, std::min(kPieceBytes, bytes.numel() - at)), peer);
+}
+
+void receive_pieces(MpiCommunicator& world, torch::Tensor& t, int peer) {
+  torch::Tensor bytes = bytes_of(t);
+  for (int64_t at = 0; at < bytes.numel(); at += kPieceBytes) {
+    torch::Tensor piece = bytes.narrow(0, at, std::min(kPieceBytes, bytes.numel() - at));
+    world.recv(piece, peer);
   }
 }
 
-void receive_bytes(torch::Tensor& t, int peer) {
-  auto* data = static_cast<char*>(t.data_ptr());
-  for (int64_t at = 0; at < static_cast<int64_t>(t.nbytes()); at += kPieceBytes) {
-    const int count = static_cast<int>(std::min<int64_t>(kPieceBytes, static_cast<int64_t>(t.nbytes()) - at));
-    MPI_CHECK(MPI_Recv(data + at, count, MPI_BYTE, peer, kDataTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-  }
-}
-
-void send_stage(const NamedTensors& params, int root) {
-  std::vector<int64_t> header = {static_cast<int64_t>(params.size())};
+void send_stage(MpiCommunicator& world, const NamedTensors& params, int root) {
+  std::vector<int64_t> header = {static_cast<int64_t>(params.size()), 0};
   std::string names;
   for (const auto& [name, t] : params) {
     header.insert(header.end(), {static_cast<int64_t>(name.size()), static_cast<int64_t>(t.scalar_type()), t.dim()});
     header.insert(header.end(), t.sizes().begin(), t.sizes().end());
     names += name;
   }
-  int64_t header_size = static_cast<int64_t>(header.size());
-  MPI_CHECK(MPI_Send(&header_size, 1, MPI_INT64_T, root, kHeaderTag, MPI_COMM_WORLD));
-  MPI_CHECK(MPI_Send(header.data(), static_cast<int>(header.size()), MPI_INT64_T, root, kHeaderTag, MPI_COMM_WORLD));
-  MPI_CHECK(MPI_Send(names.data(), static_cast<int>(names.size()), MPI_CHAR, root, kNamesTag, MPI_COMM_WORLD));
-  for (const auto& [name, t] : params) {
-    send_bytes(t.detach().to(torch::kCPU).contiguous(), root);
-  }
+  header[1] = static_cast<int64_t>(names.size());
+  world.send(torch::full({1}, static_cast<int64_t>(header.size()), torch::kInt64), root);
+  world.send(torch::tensor(header, torch::kInt64), root);
+  torch::Tensor name_bytes = torch::empty({static_cast<int64_t>(names.size())}, torch::kUInt8);
+  std::memcpy(name_bytes.data_ptr(), names.data(), names.size());
+  world.send(name_bytes, root);
+  for (const auto& [name, t] : params) send_pieces(world, t, root);
 }
 
-void receive_stage(int source, NamedTensors* out) {
-  int64_t header_size = 0;
-  MPI_CHECK(MPI_Recv(&header_size, 1, MPI_INT64_T, source, kHeaderTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-  std::vector<int64_t> header(static_cast<size_t>(header_size));
-  MPI_CHECK(MPI_Recv(header.data(), static_cast<int>(header_size), MPI_INT64_T, source, kHeaderTag, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE));
-  MPI_Status status;
-  MPI_CHECK(MPI_Probe(source, kNamesTag, MPI_COMM_WORLD, &status));
-  int names_size = 0;
-  MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &names_size));
-  std::string names(static_cast<size_t>(names_size), '\0');
-  MPI_CHECK(MPI_Recv(names.data(), names_size, MPI_CHAR, source, kNamesTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
-  size_t at = 1, name_at = 0;
+void receive_stage(MpiCommunicator& world, int source, NamedTensors* out) {
+  torch::Tensor header_size = torch::empty({1}, torch::kInt64);
+  world.recv(header_size, source);
+  torch::Tensor header_tensor = torch::empty({header_size.item<int64_t>()}, torch::kInt64);
+  world.recv(header_tensor, source);
+  const int64_t* header = header_tensor.data_ptr<int64_t>();
+  torch::Tensor name_bytes = torch::empty({header[1]}, torch::kUInt8);
+  world.recv(name_bytes, source);
+  const std::string names(static_cast<const char*>(name_bytes.data_ptr()), static_cast<size_t>(header[1]));
+  int64_t at = 2, name_at = 0;
   for (int64_t i = 0; i < header[0]; ++i) {
     const int64_t name_size = header[at], dtype = header[at + 1], dims = header[at + 2];
-    std::vector<int64_t> shape(header.begin() + static_cast<int64_t>(at) + 3,
-                               header.begin() + static_cast<int64_t>(at) + 3 + dims);
-    at += 3 + static_cast<size_t>(dims);
+    std::vector<int64_t> shape(header + at + 3, header + at + 3 + dims);
+    at += 3 + dims;
     torch::Tensor t = torch::empty(shape, torch::dtype(static_cast<torch::ScalarType>(dtype)));
-    receive_bytes(t, source);
-    out->emplace_back(names.substr(name_at, static_cast<size_t>(name_size)), t);
-    name_at += static_cast<size_t>(name_size);
+    receive_pieces(world, t, source);
+    out->emplace_back(names.substr(static_cast<size_t>(name_at), static_cast<size_t>(name_size)), t);
+    name_at += name_size;
   }
 }
 
@@ -75,13 +70,14 @@ void receive_stage(int source, NamedTensors* out) {
 
 NamedTensors gather_parameters(const NamedTensors& local, const ParallelContext& parallel) {
   const RankGrid& grid = parallel.grid;
+  MpiCommunicator& world = *parallel.world;
   NamedTensors all;
   if (parallel.world_rank == 0) {
     for (const auto& [name, t] : local) all.emplace_back(name, t.detach().to(torch::kCPU));
-    for (int stage = 1; stage < grid.pp(); ++stage) receive_stage(grid.rank_of({0, stage}), &all);
+    for (int stage = 1; stage < grid.pp(); ++stage) receive_stage(world, grid.rank_of({0, stage}), &all);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   } else if (parallel.coord.dp == 0) {
-    send_stage(local, 0);
+    send_stage(world, local, 0);
   }
   return all;
 }

@@ -3,7 +3,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <thread>
 
@@ -66,10 +68,11 @@ void require_contiguous(const torch::Tensor& t, const char* what) {
     throw Error(ExitCode::kInternal, std::string("MPI backend: ") + what + " needs a contiguous tensor");
 }
 
+// MPI counts are ints; a message that does not fit is a bug of the caller (which splits it).
 int checked_count(int64_t count) {
   if (count > INT32_MAX)
-    throw Error(ExitCode::kInternal, "MPI backend: message of " + std::to_string(count) +
-                                         " elements exceeds MPI's int count; split it");
+    throw Error(ExitCode::kInternal, "MPI backend: a message of " + std::to_string(count) +
+                                         " units exceeds MPI's int count");
   return static_cast<int>(count);
 }
 
@@ -166,12 +169,20 @@ void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::functi
 void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   require_contiguous(tensor, "all_reduce");
   Reduction reduction = reduction_for(tensor, op);
-  HostView host(tensor, /*copy_in=*/true);
-  std::vector<MPI_Request> request(1);
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), checked_count(tensor.numel()), reduction.type, reduction.op,
-                           comm_, request.data()));
-  wait(request, [&] { return "all_reduce of " + std::to_string(tensor.numel()) + " elements over " + describe_group(); });
-  host.copy_out();
+  // In pieces: MPI counts are ints, and a GPU tensor is staged through host memory a piece at a
+  // time (a 7B model's gradients would otherwise need 28 GB of pinned memory at once).
+  constexpr int64_t kPiece = int64_t{1} << 28;
+  torch::Tensor flat = tensor.view({-1});
+  for (int64_t start = 0; start < flat.numel(); start += kPiece) {
+    const int64_t count = std::min(kPiece, flat.numel() - start);
+    torch::Tensor piece = flat.narrow(0, start, count);
+    HostView host(piece, /*copy_in=*/true);
+    std::vector<MPI_Request> request(1);
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host.data(), static_cast<int>(count), reduction.type, reduction.op, comm_,
+                             request.data()));
+    wait(request, [&] { return "all_reduce of " + std::to_string(tensor.numel()) + " elements over " + describe_group(); });
+    host.copy_out();
+  }
   finish_average(tensor, op, size_);
 }
 
@@ -251,6 +262,28 @@ void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
   });
   for (size_t i = 0; i < transfers.size(); ++i)
     if (!transfers[i].send) host[i].copy_out();
+}
+
+std::string MpiCommunicator::broadcast_string(const std::string& text, int root) {
+  torch::Tensor length = torch::full({1}, static_cast<int64_t>(text.size()), torch::kInt64);
+  broadcast(length, root);
+  torch::Tensor bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
+  if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  broadcast(bytes, root);
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+}
+
+std::vector<std::string> MpiCommunicator::all_gather_strings(const std::string& text) {
+  torch::Tensor lengths = torch::empty({size_}, torch::kInt64);
+  all_gather(lengths, torch::full({1}, static_cast<int64_t>(text.size()), torch::kInt64));
+  const int64_t longest = lengths.max().item<int64_t>();
+  torch::Tensor mine = torch::zeros({longest}, torch::kUInt8), all = torch::empty({longest * size_}, torch::kUInt8);
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  all_gather(all, mine);
+  std::vector<std::string> texts;
+  for (int r = 0; r < size_; ++r)
+    texts.emplace_back(static_cast<const char*>(all.data_ptr()) + r * longest, static_cast<size_t>(lengths[r].item<int64_t>()));
+  return texts;
 }
 
 void MpiCommunicator::barrier() {

@@ -4,6 +4,7 @@
 #include "dstrain/dist/nccl_communicator.h"
 
 #include <climits>
+#include <optional>
 #include "dstrain/core/accelerator.h"
 
 namespace dstrain {
@@ -88,17 +89,35 @@ ParallelContext ParallelContext::create(const RankGrid& grid, const std::string&
   // Ranks of one stage form a DP group, ordered by their data shard; and the other way round.
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp, coord.dp, &dp));
   MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.dp, coord.pp, &pp));
-  return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s),
-                         make_group(dp, backend, device, timeout_s), make_group(pp, backend, device, timeout_s)};
+  // One group after the other, each rank learning whether every rank built it: a rank that
+  // failed does not leave the others waiting inside the next group's set-up.
+  auto agreed_group = [&](MPI_Comm comm) {
+    std::unique_ptr<Communicator> group;
+    std::optional<Error> failure;
+    try {
+      group = make_group(comm, backend, device, timeout_s);
+    } catch (const Error& e) {
+      failure = e;
+    }
+    const FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
+    if (failure) throw *failure;
+    if (agreement.exit_code != 0) throw Error(static_cast<ExitCode>(agreement.exit_code), "");
+    return group;
+  };
+  std::unique_ptr<Communicator> dp_group = agreed_group(dp);
+  std::unique_ptr<Communicator> pp_group = agreed_group(pp);
+  return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s), std::move(dp_group),
+                         std::move(pp_group)};
 }
 
-FailureAgreement agree_on_failure(int local_exit_code) {
+FailureAgreement agree_on_failure(int local_exit_code, bool has_message) {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  int mine[2] = {local_exit_code, local_exit_code != 0 ? -rank : INT_MIN};  // MAX of -rank = MIN rank
+  // MAX of -rank = MIN rank: the lowest failing rank that has something to say.
+  int mine[2] = {local_exit_code, local_exit_code != 0 && has_message ? -rank : INT_MIN};
   int agreed[2] = {0, INT_MIN};
   MPI_CHECK(MPI_Allreduce(mine, agreed, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  return {agreed[0], agreed[0] != 0 ? -agreed[1] : -1};
+  return {agreed[0], agreed[0] != 0 && agreed[1] != INT_MIN ? -agreed[1] : -1};
 }
 
 }  // namespace dstrain

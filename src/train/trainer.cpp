@@ -109,8 +109,9 @@ NamedTensors parameters_of(const std::vector<CausalLM>& chunks) {
 
 class Trainer {
  public:
+  // `resume`: the checkpoint to continue from ("": start afresh), the same on every rank.
   Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel,
-          const DevicePlacement& placement);
+          const DevicePlacement& placement, const std::string& resume);
   TrainResult run();
 
  private:
@@ -168,7 +169,7 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext& parallel,
-                 const DevicePlacement& placement)
+                 const DevicePlacement& placement, const std::string& resume)
     : config_(c), parallel_(parallel), placement_(placement), is_reporting_rank_(parallel.world_rank == 0) {
   torch::set_num_threads(c.loop.threads);
   train_corpus_ = std::make_shared<CorpusReader>(c.data.train);
@@ -241,7 +242,6 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   corpus_fingerprint_ = corpus_fingerprint(*train_corpus_);
   checkpoints_ = std::make_unique<CheckpointWriter>(c.ckpt.dir, RetentionPolicy{c.ckpt.keep_last, c.ckpt.keep_every},
                                                     parallel);
-  const std::string resume = resolve_resume(c.ckpt.resume, c.ckpt.dir);
   if (!resume.empty()) resume_from(resume);
   if (executor_->needs_batches())
     loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/start_step_);
@@ -338,7 +338,8 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
   parallel_.dp_group->synchronize();
   const double loss_value = loss.item<double>(), grad_norm = tensors.grad_norm.item<double>();
   const double seconds = seconds_since(interval.start);
-  if (!std::isfinite(loss_value))
+  // A non-finite loss goes with a non-finite gradient norm: what check_finite_steps decides.
+  if (!std::isfinite(loss_value) && !config_.optim.skip_nonfinite && !loss_scaler_)
     throw Error(ExitCode::kNumerical, "step " + std::to_string(step) + ": the loss is not finite (" +
                                           std::to_string(loss_value) + "); lower optim.lr or check the data");
   check_finite_steps(step);
@@ -346,7 +347,7 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
 
   const double tokens = static_cast<double>(interval.steps * config_.loop.global_batch * config_.loop.seq_len);
   const double tokens_per_s = tokens / seconds, step_seconds = seconds / static_cast<double>(interval.steps);
-  const double mean_step_seconds = (earlier_seconds + seconds) / static_cast<double>(step);
+  const double mean_step_seconds = (earlier_seconds + seconds) / static_cast<double>(step - start_step_);
   const int64_t steps = config_.loop.steps;
   std::string extra;
   char text[64];
@@ -516,7 +517,12 @@ TrainResult Trainer::run() {
   LoggedInterval first, later; // the first interval pays for warm-up: throughput comes from the others
   int64_t logged_intervals = 0;
   Interval interval;
-  if (start_step_ >= steps) log::info("the checkpoint is at step ", start_step_, " of train.steps = ", steps, ": nothing to do");
+  if (start_step_ >= steps) {
+    // A requeued job whose run had already finished: the run directory stays as it was.
+    log::info("the checkpoint is at step ", start_step_, " of train.steps = ", steps, ": nothing to do");
+    result.steps = start_step_;
+    return result;
+  }
   for (int64_t step = start_step_ + 1; step <= steps; ++step) {
     inject_fault(step);
     StepTensors tensors = train_step(step);
@@ -540,7 +546,7 @@ TrainResult Trainer::run() {
     }
     // The step boundary: a finished background save completes; a signal stops the run here.
     checkpoints_->poll();
-    if (stop_requested_anywhere()) {
+    if (step < steps && stop_requested_anywhere()) {
       // Slurm's warning before a time limit or preemption: a checkpoint, then "requeue me".
       save_checkpoint(step);
       checkpoints_->finish();
@@ -609,7 +615,8 @@ void agreed_phase(int world_rank, Phase&& phase) {
   } catch (const std::exception& e) {
     failure = Error(ExitCode::kInternal, e.what());
   }
-  FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
+  FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0,
+                                                failure && failure->what()[0] != '\0');
   if (agreement.exit_code == 0) return;
   if (agreement.reporter == world_rank) throw *failure;
   throw Error(static_cast<ExitCode>(agreement.exit_code), "");  // reported by another rank
@@ -643,8 +650,20 @@ TrainResult run_training(Options options) {
                                                       config.parallel.order),
                                              backend, placement.device, config.comm.timeout_s));
   });
+  // Which checkpoint to continue from: decided by rank 0 alone, so that ranks that see a shared
+  // file system at different moments cannot disagree. Its checkpoint directory is made now, so
+  // that an unusable ckpt.dir is found at the start, not at the first save.
+  std::string resume;
+  agreed_phase(world_rank, [&] {
+    if (world_rank != 0) return;
+    std::string why;
+    if (!files::make_directories(config.ckpt.dir, &why))
+      throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
+    resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
+  });
+  resume = parallel->world->broadcast_string(resume, 0);
   agreed_phase(world_rank, [&] {  // this rank alone: files, model, optimizer
-    trainer = std::make_unique<Trainer>(config, options, *parallel, placement);
+    trainer = std::make_unique<Trainer>(config, options, *parallel, placement, resume);
   });
 
   // Training: an error now is this rank's alone and the others are inside collectives; the

@@ -248,6 +248,14 @@ TEST(Checkpoint, RetentionAndH5dump) {
   EXPECT_TRUE(dstrain::files::exists(checkpoint(dir, 20)));
   EXPECT_EQ(latest_of(dir), "step_00000020.h5");
 
+  // The same job once more (a requeue after the end): nothing to do, nothing changed.
+  const std::string summary = read_json(dir + "/summary.json").dump();
+  RunOutput again = train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10"});
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing to do"), std::string::npos) << again.output;
+  EXPECT_EQ(read_json(dir + "/summary.json").dump(), summary);
+  EXPECT_EQ(train_records(dir).size(), 20u);
+
   FILE* pipe = popen(("h5dump -n " + checkpoint(dir, 20) + " 2>&1").c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string listing;

@@ -45,7 +45,7 @@ class CheckpointReader {
 
  private:
   std::string path_;
-  long long file_ = -1;  // hid_t
+  h5::Handle file_;
   CheckpointState state_;
   std::vector<DatasetInfo> datasets_;
 };

@@ -26,8 +26,11 @@ struct RetentionPolicy {
   int keep_every = 0;  // and every checkpoint whose step is a multiple of N, for good (0: none)
 };
 
-// The checkpoints that `policy` removes from those present (file names), newest `latest` kept.
-std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy);
+// The checkpoints that `policy` removes from those present (file names) once the checkpoint of
+// `current_step` is written: never that one, and never those of later steps (left by a run this
+// one resumed before; not counted either), so that `latest` always names a file.
+std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy,
+                                               int64_t current_step);
 
 class CheckpointWriter {
  public:

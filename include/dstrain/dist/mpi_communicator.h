@@ -36,6 +36,10 @@ class MpiCommunicator : public Communicator {
   void barrier() override;
   void synchronize() override {}
 
+  // Host-side exchanges of text (start-up decisions, checkpoint metadata), with the same timeout.
+  std::string broadcast_string(const std::string& text, int root);
+  std::vector<std::string> all_gather_strings(const std::string& text);  // in rank order
+
  private:
   // Completes `requests`, or throws a communication error describing `what` after the timeout.
   void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what);

@@ -51,6 +51,7 @@ struct FailureAgreement {
   int exit_code = 0;     // 0: every rank succeeded
   int reporter = -1;     // world rank that prints its message
 };
-FailureAgreement agree_on_failure(int local_exit_code);
+// `has_message`: false for a rank that failed only because another did (and already knows it).
+FailureAgreement agree_on_failure(int local_exit_code, bool has_message = true);
 
 }  // namespace dstrain

@@ -61,14 +61,19 @@ class NcclCommunicator final : public Communicator {
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
         timeout_s_(timeout_s) {
     MPI_CHECK(MPI_Comm_dup(group, &mpi_));
-    MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
-    MPI_CHECK(MPI_Comm_size(mpi_, &size_));
-    c10::cuda::CUDAGuard guard(device_);
-    ncclUniqueId id;
-    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
-    NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    try {
+      MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
+      MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
+      MPI_CHECK(MPI_Comm_size(mpi_, &size_));
+      c10::cuda::CUDAGuard guard(device_);
+      ncclUniqueId id;
+      if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+      MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
+      NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    } catch (...) {
+      MPI_Comm_free(&mpi_);  // status ignored: already failing
+      throw;
+    }
   }
 
   ~NcclCommunicator() override {
