@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages dstrain builds and runs with. Idempotent: when everything is
-# already there it only checks (dpkg-query) and returns in well under a second.
+# Installs the Debian 12 packages dstrain builds and runs with; with --with-tests also what the
+# tests need: a one-node Slurm with PMIx for the job scripts and Lmod for the modulefiles.
+# Idempotent: when everything is already there it only checks (dpkg-query) and returns in well
+# under a second.
 set -euo pipefail
 
 packages=(
@@ -13,6 +15,10 @@ packages=(
   libgtest-dev                      # unit tests
   base-files                        # /usr/share/common-licenses: the demo corpus text
 )
+if [[ ${1:-} == --with-tests ]]; then
+  packages+=(slurm-wlm slurmctld slurmd slurm-client munge libpmix-dev  # Slurm for jobs/ (srun --mpi=pmix)
+             lmod)                                                     # modulefiles/
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,7 @@
 #include "dstrain/data/prep.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/train_config.h"
+#include "dstrain/train/signals.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -131,6 +132,8 @@ int prep_command(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: a warning signal that arrives while MPI starts is noted, not fatal.
+  signals::install();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::cout << kUsage;

@@ -628,7 +628,7 @@ TrainResult run_training(Options options) {
   int world_size = 1, world_rank = 0;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-  signals::install();
+  signals::install();  // (again: MPI's start-up may have installed handlers of its own)
 
   TrainConfig config;
   DevicePlacement placement;

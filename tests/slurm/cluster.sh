@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A one-node Slurm cluster on this machine for the tests: munged, slurmctld and slurmd with a
+# slurm.conf of our own (proctrack/linuxproc, no cgroups), all state under one directory.
+#   tests/slurm/cluster.sh start DIR    writes DIR/slurm.conf, starts the daemons, waits for the node
+#   tests/slurm/cluster.sh stop DIR     stops them (whatever state they are in) and frees the ports
+# Needs root (the daemons run as root here) and Debian's slurm-wlm, munge and libpmix-dev
+# (scripts/install-test-deps.sh). Clients use SLURM_CONF=DIR/slurm.conf.
+set -euo pipefail
+action=${1:?start or stop}
+dir=${2:?state directory}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+conf=$dir/slurm.conf
+
+stop() {
+  for daemon in slurmd slurmctld; do
+    if [[ -f $dir/$daemon.pid ]]; then
+      pid=$(cat "$dir/$daemon.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+      rm -f "$dir/$daemon.pid"
+    fi
+  done
+  # Job steps the daemons left behind.
+  pkill -9 -f "slurmstepd: \[" 2>/dev/null || true
+}
+
+if [[ $action == stop ]]; then
+  stop
+  exit 0
+fi
+[[ $action == start ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+[[ $(id -u) -eq 0 ]] || { echo "SKIP: the test cluster's daemons need root"; exit 77; }
+for tool in slurmctld slurmd munged sbatch; do
+  command -v "$tool" >/dev/null || { echo "error: $tool missing: run scripts/install-test-deps.sh" >&2; exit 1; }
+done
+stop  # leftovers of an earlier run that was killed
+
+# munge: Slurm's authentication; the system's key and socket.
+if ! pgrep -x munged >/dev/null; then
+  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+  su -s /bin/sh munge -c munged 2>/dev/null || munged --force
+fi
+
+host=$(hostname)
+rm -rf "$dir/state" "$dir/spool"  # every start is a new cluster: no jobs of an earlier run
+mkdir -p "$dir/state" "$dir/spool"
+cat >"$conf" <<CONF
+# The dstrain tests' one-node cluster (tests/slurm/cluster.sh).
+ClusterName=dstraintest
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# A requeued batch job waits for its credential to expire before it starts again: 10 s here
+# instead of the default 120.
+AuthInfo=cred_expire=10
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmctldPort=${DSTRAIN_SLURMCTLD_PORT:-16817}
+SlurmdPort=${DSTRAIN_SLURMD_PORT:-16818}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+# More CPUs than the machine has, so that 4-rank jobs run on small machines.
+SlurmdParameters=config_overrides
+ReturnToService=2
+KillWait=5
+InactiveLimit=0
+MinJobAge=600
+NodeName=$host CPUs=8 Sockets=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+slurmctld -f "$conf"
+slurmd -f "$conf"
+export SLURM_CONF=$conf
+for _ in $(seq 1 60); do
+  if sinfo -h -o %T 2>/dev/null | grep -qE '^idle'; then
+    echo "test cluster up: SLURM_CONF=$conf"
+    exit 0
+  fi
+  sleep 0.5
+done
+echo "error: the test cluster's node did not come up; its logs:" >&2
+tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" >&2 || true
+stop
+exit 1

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The job scripts under a real (one-node) Slurm: what ctest runs with label `slurm`, against the
+# cluster that tests/slurm/cluster.sh started (SLURM_CONF set by ctest).
+#   test_slurm.sh smoke | node_failure | time_limit | interactive     (in the build directory)
+# Environment: DSTRAIN (the executable), DSTRAIN_SOURCE (the source tree), CORPUS and
+# CORPUS_VALID (prepared by the `prepare` test), WORK (a scratch directory).
+set -uo pipefail
+test=${1:?which test}
+: "${DSTRAIN:?}" "${DSTRAIN_SOURCE:?}" "${WORK:?}" "${SLURM_CONF:?}"
+export DSTRAIN SLURM_CONF
+[[ $(id -u) -eq 0 ]] || { echo "SKIP: the test cluster needs root"; exit 77; }
+dir=$WORK/$test
+rm -rf "$dir" && mkdir -p "$dir"
+cd "$DSTRAIN_SOURCE"  # sbatch's submit directory: the job scripts find jobs/common.sh here
+fail() { echo "FAIL: $*"; for f in "$dir"/*.out; do [[ -f $f ]] && { echo "--- $f"; tail -n 40 "$f"; }; done; exit 1; }
+data=(--data.train "$CORPUS" --data.valid "$CORPUS_VALID")
+
+# sbatch JOB-ARGS... -- SCRIPT-ARGS...: submits jobs/cpu_smoke.sh, waits until the job has left
+# the queue (requeues included), prints the job id.
+submit_and_wait() {
+  local sbatch_args=() job
+  while [[ $1 != -- ]]; do sbatch_args+=("$1"); shift; done
+  shift
+  job=$(sbatch --parsable --output="$dir/%j.out" "${sbatch_args[@]}" jobs/cpu_smoke.sh "$@") || fail "sbatch refused the job"
+  for _ in $(seq 1 400); do
+    [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break
+    sleep 1
+  done
+  echo "$job"
+}
+
+job_field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
+digest() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["param_digest"])' "$1/summary.json"; }
+
+case $test in
+  smoke)
+    # A short DP 2 × PP 2 run under srun: it finishes, logs every step, checkpoints, verifies.
+    job=$(RUN_DIR=$dir/run submit_and_wait -- "${data[@]}" --train.steps 10)
+    [[ $(job_field "$job" JobState) == COMPLETED ]] || fail "job $job ended $(job_field "$job" JobState)"
+    grep -q "dp 2 × pp 2" "$dir/$job.out" || fail "the log does not show the 2 x 2 layout"
+    grep -q "dstrain: finished" "$dir/$job.out" || fail "the log does not end with 'finished'"
+    [[ $(grep -c '"loss"' "$dir/run/metrics.jsonl") -eq 10 ]] || fail "metrics.jsonl lacks steps"
+    [[ $(cat "$dir/run/checkpoints/latest") == step_00000010.h5 ]] || fail "no checkpoint of step 10"
+    "$DSTRAIN" ckpt verify "$dir/run/checkpoints" || fail "the checkpoint does not verify"
+    ;;
+  node_failure)
+    # The uninterrupted run, the same layout under mpirun.
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe "$DSTRAIN" train \
+      --config input/tiny.ini --run.dir "$dir/reference" --train.device cpu --parallel.pp 2 --ckpt.interval 5 \
+      --train.steps 400 --log.interval 50 "${data[@]}" >"$dir/reference.log" 2>&1 || fail "the reference run failed"
+    # The job; once it has a checkpoint, one of its task processes is killed with SIGKILL.
+    job=$(RUN_DIR=$dir/run sbatch --parsable --output="$dir/%j.out" jobs/cpu_smoke.sh "${data[@]}" \
+          --train.steps 400 --log.interval 50) || fail "sbatch refused the job"
+    for _ in $(seq 1 300); do [[ -f $dir/run/checkpoints/latest ]] && break; sleep 0.2; done
+    victim=$(pgrep -f "dstrain train .*--run.dir $dir/run" | tail -n 1)
+    [[ -n $victim ]] || fail "no task process of job $job to kill"
+    kill -9 "$victim"
+    echo "killed task process $victim of job $job"
+    for _ in $(seq 1 400); do [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break; sleep 1; done
+    [[ $(job_field "$job" JobState) == COMPLETED ]] || fail "job $job ended $(job_field "$job" JobState)"
+    [[ $(job_field "$job" Restarts) -ge 1 ]] || fail "job $job was not requeued"
+    grep -q "resuming from $dir/run/checkpoints/step_" "$dir/$job.out" || fail "the requeued job did not resume"
+    [[ $(digest "$dir/run") == $(digest "$dir/reference") ]] || fail "final parameters differ from the uninterrupted run"
+    ;;
+  time_limit)
+    # One minute per run, the warning 50 s before its end: checkpoint, requeue, finish.
+    job=$(DSTRAIN_SIGNAL_LEAD=50 RUN_DIR=$dir/run submit_and_wait --time=1 --signal=B:USR1@50 -- "${data[@]}" \
+          --train.steps 1400 --log.interval 200 --ckpt.interval 100 --train.eval_interval 0)
+    [[ $(job_field "$job" JobState) == COMPLETED ]] || fail "job $job ended $(job_field "$job" JobState)"
+    grep -q "stopped by SIGUSR1 after step" "$dir/$job.out" || fail "no checkpoint on the time-limit signal"
+    grep -q "checkpointed on a signal; requeueing" "$dir/$job.out" || fail "not requeued after the signal"
+    [[ $(job_field "$job" Restarts) -ge 1 ]] || fail "job $job was not requeued"
+    [[ $(cat "$dir/run/checkpoints/latest") == step_00001400.h5 ]] || fail "the run did not finish all 1400 steps"
+    ;;
+  interactive)
+    # debug_interactive.sh inside an allocation: srun with every rank's log, labelled.
+    salloc -n 2 -t 5 jobs/debug_interactive.sh "${data[@]}" --train.steps 3 --run.dir "$dir/run" >"$dir/salloc.out" 2>&1 ||
+      fail "debug_interactive.sh under salloc failed"
+    grep -q "^0: \[rank 0\] step 3/3" "$dir/salloc.out" || fail "rank 0's log is missing"
+    grep -q "^1: \[rank 1\] step 3/3" "$dir/salloc.out" || fail "rank 1's log is missing"
+    ;;
+  *)
+    echo "unknown test $test" >&2
+    exit 2
+    ;;
+esac
+echo "PASS: $test"
