@@ -186,6 +186,42 @@ void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   finish_average(tensor, op, size_);
 }
 
+namespace {
+
+// A nonblocking all-reduce of one host-staged tensor (at most 2^31 - 1 elements).
+class MpiAllReduce final : public Work {
+ public:
+  MpiAllReduce(std::function<void(std::vector<MPI_Request>&)> wait, torch::Tensor tensor, ReduceOp op, int size,
+               const Reduction& reduction, MPI_Comm comm)
+      : wait_(std::move(wait)), tensor_(std::move(tensor)), host_(tensor_, /*copy_in=*/true), op_(op), size_(size) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host_.data(), checked_count(tensor_.numel()), reduction.type, reduction.op,
+                             comm, request_.data()));
+  }
+  void wait() override {
+    wait_(request_);
+    host_.copy_out();
+    finish_average(tensor_, op_, size_);
+  }
+
+ private:
+  std::function<void(std::vector<MPI_Request>&)> wait_;
+  torch::Tensor tensor_;
+  HostView host_;
+  ReduceOp op_;
+  int size_;
+  std::vector<MPI_Request> request_ = std::vector<MPI_Request>(1, MPI_REQUEST_NULL);
+};
+
+}  // namespace
+
+std::unique_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
+  require_contiguous(tensor, "all_reduce_async");
+  auto wait_here = [this, n = tensor.numel()](std::vector<MPI_Request>& request) {
+    wait(request, [&] { return "all_reduce of " + std::to_string(n) + " elements over " + describe_group(); });
+  };
+  return std::make_unique<MpiAllReduce>(wait_here, tensor, op, size_, reduction_for(tensor, op), comm_);
+}
+
 void MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   require_contiguous(output, "reduce_scatter");
   require_contiguous(input, "reduce_scatter");

@@ -26,6 +26,10 @@ void add_comm_options(OptionTable& t) {
         "auto (nccl on GPUs when built with NCCL, else mpi)");
   t.add("comm.grad_dtype", OptionKind::kString, "fp32",
         "dtype gradients are reduced in: fp32, or bf16/fp16 to halve the traffic");
+  t.add("comm.bucket_mb", OptionKind::kFloat, "25",
+        "gradients are averaged over the data-parallel group in buckets of this many MB (of fp32)");
+  t.add("comm.overlap", OptionKind::kBool, "true",
+        "start each bucket's average as soon as its gradients are complete, during the backward pass");
   t.add("comm.timeout_s", OptionKind::kFloat, "600",
         "a GPU collective that has not finished after this many seconds ends the job (exit code 5)");
 }
@@ -66,6 +70,8 @@ CommConfig read_comm_config(const Options& o) {
   c.backend = o.get_choice("comm.backend", {"auto", "mpi", "nccl"});
   c.grad_dtype = o.get_choice("comm.grad_dtype", {"fp32", "bf16", "fp16"});
   c.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);
+  c.bucket_mb = o.get_float("comm.bucket_mb", 0.001, 1e6);
+  c.overlap = o.get_bool("comm.overlap");
   return c;
 }
 

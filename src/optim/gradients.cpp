@@ -2,19 +2,6 @@
 
 namespace dstrain {
 
-void average_gradients(GradientBuffer& buffer, Communicator& dp_group, torch::ScalarType wire_dtype) {
-  if (dp_group.size() == 1) return;
-  torch::NoGradGuard no_grad;
-  torch::Tensor& flat = buffer.flat();
-  if (wire_dtype == flat.scalar_type()) {
-    dp_group.all_reduce(flat, ReduceOp::kAvg);
-    return;
-  }
-  torch::Tensor wire = flat.to(wire_dtype);
-  dp_group.all_reduce(wire, ReduceOp::kAvg);
-  flat.copy_(wire);
-}
-
 torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group) {
   torch::NoGradGuard no_grad;
   torch::Tensor norm = buffer.flat().norm();

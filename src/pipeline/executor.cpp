@@ -16,18 +16,17 @@ bool PipelineExecutor::has_loss() const {
 bool PipelineExecutor::needs_batches() const { return stage_ == 0 || has_loss(); }
 
 torch::Tensor PipelineExecutor::train_step(const BatchSource& batch, double loss_divisor,
-                                           const torch::Tensor& loss_scale,
-                                           const std::function<void()>& after_backward) {
-  return run(train_, batch, loss_divisor, loss_scale, after_backward);
+                                           const torch::Tensor& loss_scale) {
+  return run(train_, batch, loss_divisor, loss_scale);
 }
 
 torch::Tensor PipelineExecutor::evaluate(const BatchSource& batch) {
   torch::NoGradGuard no_grad;
-  return run(eval_, batch, 1.0, torch::Tensor(), {});
+  return run(eval_, batch, 1.0, torch::Tensor());
 }
 
 torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource& batch, double loss_divisor,
-                                    const torch::Tensor& loss_scale, const std::function<void()>& after_backward) {
+                                    const torch::Tensor& loss_scale) {
   const bool training = schedule.kind != ScheduleKind::kForwardOnly;
   const torch::Device device = shape_.device;
   const int64_t seq = shape_.seq_len;
@@ -120,7 +119,6 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
       received_grads_.erase(key);
       output.backward(grad);
     }
-    if (after_backward) after_backward();
     if (vs == 0) inputs_.erase(key);  // token ids: nothing to send back
   }
   if (!inputs_.empty() || !outputs_.empty() || !received_grads_.empty())

@@ -219,12 +219,18 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
       make_schedule(schedule, pp, chunks_per_stage, microbatches),
       make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, chunks,
       *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, c.model.hidden_size, dtype, device});
-  grads_ = std::make_unique<GradientBuffer>(params_);
+  std::vector<torch::Tensor> use_order;  // chunk after chunk, each in the order it registered them
+  for (const CausalLM& chunk : chunks)
+    for (const torch::Tensor& p : chunk->parameters()) use_order.push_back(p);
+  wire_dtype_ = dtype_named(c.comm.grad_dtype);
+  grads_ = std::make_unique<GradientBuffer>(
+      params_, use_order,
+      GradientReduction{parallel.dp_group.get(), wire_dtype_, static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)),
+                        c.comm.overlap, c.loop.grad_accum});
   optimizer_ = std::make_unique<AdamW>(
       params_, AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.loop.precision == "fp16")
     loss_scaler_ = std::make_unique<DynamicLossScaler>(c.optim.loss_scale, c.optim.loss_scale_growth_interval, device);
-  wire_dtype_ = dtype_named(c.comm.grad_dtype);
   nonfinite_steps_ = torch::zeros({}, torch::dtype(torch::kFloat32).device(device));
   schedule_ = {c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.decay_steps};
 
@@ -284,11 +290,11 @@ StepTensors Trainer::train_step(int64_t step) {
       for (int64_t i = 0; i < config_.loop.grad_accum; ++i) batches.push_back(next_batch(*loader_));
     return batches[static_cast<size_t>(microbatch)];
   };
-  torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum),
-                                                 loss_scaler_ ? loss_scaler_->scale() : torch::Tensor(),
-                                                 [&] { grads_->accumulate(); });
-  if (fault_due(step, "nan")) grads_->flat().fill_(std::numeric_limits<float>::quiet_NaN());
-  average_gradients(*grads_, *parallel_.dp_group, wire_dtype_);
+  torch::Tensor loss_scale = loss_scaler_ ? loss_scaler_->scale() : torch::Tensor();
+  if (fault_due(step, "nan"))  // the gradients of this rank's backward passes become NaN
+    loss_scale = torch::full({}, std::numeric_limits<float>::quiet_NaN(), torch::dtype(torch::kFloat32).device(placement_.device));
+  torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum), loss_scale);
+  grads_->reduce();
   if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
   torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
   // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the

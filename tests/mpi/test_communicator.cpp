@@ -90,6 +90,24 @@ TEST(Communicator, AllReduceSumAverageMax) {
   EXPECT_EQ(m[1].item<int64_t>(), 0);
 }
 
+// Two all-reduces in flight at once, completed in order: each the reduction of its own input.
+TEST(Communicator, AsyncAllReducesInFlightTogether) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  torch::Tensor a = on_device(contribution(rank, 1000)), b = on_device(contribution(rank, 10) * 3);
+  std::unique_ptr<Work> first = world().all_reduce_async(a, ReduceOp::kSum);
+  std::unique_ptr<Work> second = world().all_reduce_async(b, ReduceOp::kAvg);
+  first->wait();
+  second->wait();
+  torch::Tensor expected_a = torch::zeros({1000}), expected_b = torch::zeros({10});
+  for (int r = 0; r < size; ++r) {
+    expected_a += contribution(r, 1000);
+    expected_b += contribution(r, 10) * 3;
+  }
+  EXPECT_TRUE(torch::allclose(a.cpu(), expected_a));
+  EXPECT_TRUE(torch::allclose(b.cpu(), expected_b / size));
+}
+
 // 16-bit floating-point reductions (the compressed gradient path): small integers are exact in
 // bf16 and fp16, so the sums must be exact too.
 TEST(Communicator, AllReduceInBf16AndFp16) {

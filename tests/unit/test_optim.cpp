@@ -96,11 +96,8 @@ TEST(LrSchedule, WarmupThenCosineThenFloor) {
 TEST(GradientBuffer, Fp32ParametersAccumulateInPlace) {
   torch::Tensor w = torch::ones({2, 3}, torch::requires_grad()), b = torch::ones({3}, torch::requires_grad());
   NamedTensors params{{"b", b}, {"w", w}};
-  GradientBuffer buffer(params);
-  for (int micro = 1; micro <= 3; ++micro) {
-    (w.sum() * micro + b.sum() * 10).backward();
-    buffer.accumulate();
-  }
+  GradientBuffer buffer(params, {w, b});
+  for (int micro = 1; micro <= 3; ++micro) (w.sum() * micro + b.sum() * 10).backward();
   EXPECT_TRUE(torch::equal(buffer.grads()[0], torch::full({3}, 30.0f)));
   EXPECT_TRUE(torch::equal(buffer.grads()[1], torch::full({2, 3}, 6.0f)));
   EXPECT_EQ(buffer.flat().numel(), 9);
@@ -114,11 +111,10 @@ TEST(GradientBuffer, Fp32ParametersAccumulateInPlace) {
 // bf16 gradients are summed in fp32: 1 + 2^-9 is 1 in bf16 (spacing 2^-7 at 1) but not in fp32.
 TEST(GradientBuffer, Bf16GradientsAreSummedInFp32) {
   torch::Tensor w = torch::ones({4}, torch::dtype(torch::kBFloat16).requires_grad(true));
-  GradientBuffer buffer({{"w", w}});
+  GradientBuffer buffer({{"w", w}}, {w});
   for (double scale : {1.0, std::ldexp(1.0, -9)}) {
     (w.sum() * scale).backward();
-    buffer.accumulate();
-    EXPECT_FALSE(w.grad().defined());  // handed over to the buffer
+    EXPECT_FALSE(w.grad().defined());  // added to the buffer and freed as soon as autograd made it
   }
   EXPECT_EQ(buffer.grads()[0].scalar_type(), torch::kFloat32);
   EXPECT_FLOAT_EQ(buffer.grads()[0][0].item<float>(), 1.0f + std::ldexp(1.0f, -9));
@@ -126,21 +122,17 @@ TEST(GradientBuffer, Bf16GradientsAreSummedInFp32) {
   EXPECT_EQ(bf16_sum.item<float>(), 1.0f);  // what accumulating in bf16 would have given
 }
 
-// A new step starts from zero although zero() leaves bf16 slices to the first pass to overwrite,
-// also for a parameter that the first micro-batch of the step does not use.
+// A new step starts from zero, also for a parameter that the step's first micro-batch does not use.
 TEST(GradientBuffer, EachStepStartsFromZero) {
   torch::Tensor used = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
   torch::Tensor sometimes = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
-  GradientBuffer buffer({{"sometimes", sometimes}, {"used", used}});
+  GradientBuffer buffer({{"sometimes", sometimes}, {"used", used}}, {used, sometimes});
   (used.sum() * 3 + sometimes.sum() * 5).backward();
-  buffer.accumulate();
   EXPECT_EQ(buffer.grads()[0][0].item<float>(), 5.0f);
   buffer.zero();
   (used.sum() * 2).backward();  // `sometimes` unused in the step's first micro-batch
-  buffer.accumulate();
   EXPECT_EQ(buffer.grads()[0][0].item<float>(), 0.0f);
   (used.sum() + sometimes.sum() * 7).backward();
-  buffer.accumulate();
   EXPECT_EQ(buffer.grads()[0][0].item<float>(), 7.0f);
   EXPECT_EQ(buffer.grads()[1][0].item<float>(), 3.0f);
 }
@@ -148,7 +140,7 @@ TEST(GradientBuffer, EachStepStartsFromZero) {
 TEST(Gradients, GlobalNormAndClipping) {
   torch::Tensor a = torch::zeros({2}, torch::requires_grad());
   torch::Tensor b = torch::zeros({1}, torch::requires_grad());
-  GradientBuffer buffer({{"a", a}, {"b", b}});
+  GradientBuffer buffer({{"a", a}, {"b", b}}, {a, b});
   buffer.grads()[0].copy_(torch::tensor({3.0f, 0.0f}));
   buffer.grads()[1].copy_(torch::tensor({4.0f}));
   torch::Tensor norm = global_grad_norm(buffer, nullptr);
@@ -185,13 +177,12 @@ TEST(DynamicLossScaler, BacksOffOnOverflowAndGrowsAfterCleanSteps) {
 // The whole fp16 path on an injected inf: scaled loss, unscaled gradients, skipped update.
 TEST(DynamicLossScaler, InjectedInfSkipsTheUpdateAndHalvesTheScale) {
   torch::Tensor w = torch::ones({3}, torch::dtype(torch::kFloat16).requires_grad(true));
-  GradientBuffer buffer({{"w", w}});
+  GradientBuffer buffer({{"w", w}}, {w});
   AdamW adam({{"w", w}}, {});
   DynamicLossScaler scaler(256.0, 1000, torch::kCPU);
   auto step = [&](const torch::Tensor& injected) {
     buffer.zero();
     ((w.to(torch::kFloat32) * injected).sum() * scaler.scale()).backward();
-    buffer.accumulate();
     buffer.flat().div_(scaler.scale());
     torch::Tensor found_inf = global_grad_norm(buffer, nullptr).isfinite().logical_not().to(torch::kFloat32);
     adam.step(0.1, buffer.grads(), found_inf);

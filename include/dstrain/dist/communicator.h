@@ -12,6 +12,14 @@ namespace dstrain {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
+// An operation under way (Communicator::all_reduce_async).
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Completes the operation; afterwards the caller's later computation sees its result.
+  virtual void wait() = 0;
+};
+
 // One point-to-point transfer of a group (Communicator::exchange).
 struct Transfer {
   bool send;            // else receive into `tensor`
@@ -32,6 +40,12 @@ class Communicator {
   // they return; on a GPU they are queued so that later kernels see their result.
   // In place on a contiguous tensor; every rank ends with the same result.
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  // Starts an all-reduce and returns at once; `tensor` must stay untouched until wait(). For
+  // gradient buckets, which are reduced while the backward pass goes on.
+  virtual std::unique_ptr<Work> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
+  // Whether operations may be started from a thread other than the one that made the
+  // communicator (the autograd engine's GPU threads): NCCL yes, MPI (FUNNELED) no.
+  virtual bool callable_from_any_thread() const = 0;
   // `input` holds size() equal chunks along dim 0; rank r receives the reduction of chunk r.
   virtual void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) = 0;
   // `output` receives every rank's `input`, concatenated along dim 0 in rank order.

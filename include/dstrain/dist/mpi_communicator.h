@@ -27,6 +27,8 @@ class MpiCommunicator : public Communicator {
   MPI_Comm comm() const { return comm_; }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  std::unique_ptr<Work> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override;
+  bool callable_from_any_thread() const override { return false; }
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;

@@ -23,6 +23,8 @@ struct CommConfig {
   std::string backend = "auto";     // auto | mpi | nccl
   std::string grad_dtype = "fp32";  // dtype gradients are reduced in: fp32 | bf16 | fp16
   double timeout_s = 600;
+  double bucket_mb = 25;            // gradient buckets of the data-parallel average
+  bool overlap = true;              // buckets start during the backward pass
 };
 
 void add_parallel_options(OptionTable& table);

@@ -1,6 +1,6 @@
-// What happens to gradients between the backward pass and the optimizer: averaging over the
-// data-parallel group, the global norm, and clipping. Everything stays on the device: the norm
-// is a tensor that the host reads only when it logs.
+// What happens to gradients between their average over the data-parallel group (the gradient
+// buffer's) and the optimizer: the global norm and clipping. Everything stays on the device: the
+// norm is a tensor that the host reads only when it logs.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -9,10 +9,6 @@
 #include "dstrain/optim/grad_buffer.h"
 
 namespace dstrain {
-
-// Averages the buffer over `dp_group` in one collective, in `wire_dtype` (fp32; bf16 or fp16
-// halve the bytes on the wire at the cost of rounding the sum).
-void average_gradients(GradientBuffer& buffer, Communicator& dp_group, torch::ScalarType wire_dtype);
 
 // The L2 norm of every gradient, as a 0-dim fp32 tensor. `model_group` (the pipeline stages
 // holding the other parameters; nullptr when this rank holds them all) adds their squares.

@@ -36,11 +36,9 @@ class PipelineExecutor {
 
   // One training step: forward and backward of every micro-batch. Each micro-batch's loss is
   // divided by `loss_divisor`; `loss_scale` (a 0-dim tensor, or undefined) multiplies it before
-  // backward; `after_backward` runs after every backward pass (gradient accumulation). Returns
-  // the sum of the divided losses (0-dim, on the device; 0 on stages without the last virtual
-  // stage).
-  torch::Tensor train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale,
-                           const std::function<void()>& after_backward);
+  // backward. Returns the sum of the divided losses (0-dim, on the device; 0 on stages without
+  // the last virtual stage).
+  torch::Tensor train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale);
   // Forward only, without gradients: the sum of the micro-batches' mean losses (0-dim, fp64).
   torch::Tensor evaluate(const BatchSource& batch);
 
@@ -54,7 +52,7 @@ class PipelineExecutor {
  private:
   using Key = std::tuple<int, int>;  // (micro-batch, chunk)
   torch::Tensor run(const Schedule& schedule, const BatchSource& batch, double loss_divisor,
-                    const torch::Tensor& loss_scale, const std::function<void()>& after_backward);
+                    const torch::Tensor& loss_scale);
 
   Schedule train_, eval_;
   int stage_;

@@ -8,6 +8,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -54,6 +56,17 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// An all-reduce queued on the communicator's stream: the caller's stream waits for it.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, torch::Device device) : done_(std::move(done)), device_(device) {}
+  void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(device_.index())); }
+
+ private:
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+  torch::Device device_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm group, const torch::Device& device, double timeout_s)
@@ -97,6 +110,17 @@ class NcclCommunicator final : public Communicator {
       NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
     });
   }
+
+  std::unique_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override {
+    require_on_device(t, "all_reduce_async");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream([&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
+    }, *done);
+    return std::make_unique<NcclWork>(done, device_);
+  }
+
+  bool callable_from_any_thread() const override { return true; }
 
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override {
     require_on_device(output, "reduce_scatter");
@@ -179,15 +203,24 @@ class NcclCommunicator final : public Communicator {
   // it, and no recordStream is needed.)
   template <typename Enqueue>
   void run(Enqueue&& enqueue) {
+    enqueue_on_own_stream(enqueue, last_done_);
+    last_done_.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+
+  // The operation on this communicator's own stream, after the work queued so far on the
+  // caller's stream; `done` is recorded after it (and is what a caller's stream waits for).
+  template <typename Enqueue>
+  void enqueue_on_own_stream(Enqueue&& enqueue, at::cuda::CUDAEvent& done) {
     if (!comm_) throw comm_error("NCCL: the communicator was aborted after an earlier failure");
+    std::lock_guard<std::mutex> lock(mutex_);  // the autograd engine's threads may call too
     c10::cuda::CUDAGuard guard(device_);
     c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
     at::cuda::CUDAEvent inputs_ready;
     inputs_ready.record(compute);
     inputs_ready.block(stream_);
     enqueue(stream_.stream());
-    last_done_.record(stream_);
-    last_done_.block(compute);
+    done.record(stream_);
+    if (&done != &last_done_) last_done_.record(stream_);
     check_async_error();
   }
 
@@ -214,6 +247,7 @@ class NcclCommunicator final : public Communicator {
                                            " needs a contiguous tensor on " + device_.str());
   }
 
+  std::mutex mutex_;
   torch::Device device_;
   c10::cuda::CUDAStream stream_;
   at::cuda::CUDAEvent last_done_;
