@@ -52,8 +52,8 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
       h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat)
     throw Error(kCode, path + ": not a complete dstrain checkpoint (no format attribute)");
   const uint64_t version = h5::read_attribute_u64(root.get(), "format_version", kCode, path);
-  if (version != kCheckpointFormatVersion)
-    throw Error(kCode, path + ": checkpoint format version " + std::to_string(version) + "; this dstrain reads " +
+  if (version < 1 || version > kCheckpointFormatVersion)
+    throw Error(kCode, path + ": checkpoint format version " + std::to_string(version) + "; this dstrain reads 1 to " +
                            std::to_string(kCheckpointFormatVersion));
 
   const std::string where = path + ": /trainer";
@@ -121,10 +121,9 @@ torch::Tensor CheckpointReader::read(const std::string& name) const {
   torch::Tensor values = torch::empty(info->shape, torch::dtype(info->dtype));
   h5::check(H5Dread(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data_ptr()), kCode,
             at + ": reading (truncated file?)");
-  const std::string checksum = hex64(xxh64(values.data_ptr(), values.nbytes()));
-  if (checksum != info->checksum)
-    throw Error(kCode, at + ": the data do not match the checksum (xxh64 " + checksum + ", recorded " + info->checksum +
-                           "): the file is damaged");
+  const std::string mismatch = checksum_mismatch(values, info->checksum);
+  if (!mismatch.empty())
+    throw Error(kCode, at + ": the data do not match the checksum (" + mismatch + "): the file is damaged");
   return values;
 }
 

@@ -84,6 +84,11 @@ void replace_file(const std::string& tmp, const std::string& path) {
   if (!files::rename(tmp, path, &why)) throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
 }
 
+// The copy to host memory: after it, training may change the tensor.
+torch::Tensor host_copy(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
 std::vector<std::string> directory_entries(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -119,8 +124,8 @@ CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
-double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, CheckpointState state,
-                               const torch::Tensor& rng) {
+double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const std::vector<DatasetPiece>& owned,
+                               CheckpointState state, const torch::Tensor& rng) {
   finish();
   const Clock::time_point start = Clock::now();
   const RankGrid& grid = parallel_.grid;
@@ -130,13 +135,18 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, Check
   job_.tmp_path = job_.path + ".tmp";
   job_.started = start;
 
-  // Every rank learns every dataset (each stage's first data-parallel rank describes its own).
-  std::vector<DatasetSpec> stage;
-  for (const auto& [name, t] : datasets) stage.push_back({name, t.scalar_type(), t.sizes().vec()});
+  // Every rank learns every dataset (each stage's first data-parallel rank describes those the
+  // stage holds whole; every rank those it holds pieces of).
+  std::vector<DatasetSpec> described;
+  if (parallel_.coord.dp == 0)
+    for (const auto& [name, t] : datasets) described.push_back({name, t.scalar_type(), t.sizes().vec()});
+  for (const DatasetPiece& piece : owned) described.push_back({piece.name, piece.values.scalar_type(), piece.shape});
   std::vector<DatasetSpec> all;
-  for (const std::string& text : parallel_.world->all_gather_strings(parallel_.coord.dp == 0 ? serialize(stage) : ""))
+  for (const std::string& text : parallel_.world->all_gather_strings(serialize(described)))
     for (DatasetSpec& s : parse(text)) all.push_back(std::move(s));
   std::sort(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name < b.name; });
+  all.erase(std::unique(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name == b.name; }),
+            all.end());
 
   // The stage's data-parallel ranks share its datasets, largest first to the least loaded: the
   // same split on each of them.
@@ -149,10 +159,9 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, Check
     const size_t writer = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[writer] += static_cast<int64_t>(datasets[i].second.nbytes());
     if (static_cast<int>(writer) == parallel_.coord.dp)
-      // The copy to host memory: after it, training may change the tensors.
-      job_.mine.emplace_back(datasets[i].first,
-                             datasets[i].second.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous());
+      job_.mine.push_back({datasets[i].first, host_copy(datasets[i].second), datasets[i].second.sizes().vec(), 0});
   }
+  for (const DatasetPiece& piece : owned) job_.mine.push_back({piece.name, host_copy(piece.values), piece.shape, piece.offset});
 
   // Rank 0 keeps every rank's generator state.
   const std::vector<std::string> states = parallel_.world->all_gather_strings(
@@ -215,10 +224,14 @@ void CheckpointWriter::write_share() {
     const int fd = ::open(job_.tmp_path.c_str(), O_WRONLY);
     if (fd < 0) throw Error(kCode, job_.tmp_path + ": " + std::strerror(errno));
     try {
-      for (const auto& [name, t] : job_.mine) {
+      for (const DatasetPiece& piece : job_.mine) {
+        const torch::Tensor& t = piece.values;
         const char* data = static_cast<const char*>(t.data_ptr());
-        write_all(fd, data, t.nbytes(), job_.offsets.at(name), job_.tmp_path + ": writing /" + name);
-        job_.checksums[name] = xxh64(data, t.nbytes());
+        const uint64_t at = job_.offsets.at(piece.name) + static_cast<uint64_t>(piece.offset) * t.element_size();
+        write_all(fd, data, t.nbytes(), at, job_.tmp_path + ": writing /" + piece.name);
+        const uint64_t hash = xxh64(data, t.nbytes());
+        const bool whole = piece.offset == 0 && t.numel() == c10::multiply_integers(piece.shape);
+        job_.checksums[piece.name] = whole ? hex64(hash) : piece_checksum(piece.offset, t.numel(), hash);
       }
       if (::fsync(fd) != 0) throw Error(kCode, job_.tmp_path + ": fsync: " + std::strerror(errno));
     } catch (...) {
@@ -256,19 +269,23 @@ void CheckpointWriter::complete() {
   if (!job_.error.empty()) throw Error(kCode, "checkpoint of step " + std::to_string(job_.step) + ": " + job_.error);
   if (failed.item<int>() != 0) return;  // the rank that failed says so and ends the job
   std::string mine;
-  for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + std::to_string(checksum) + "\n";
-  std::map<std::string, uint64_t> checksums;
+  for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + checksum + "\n";
+  std::map<std::string, std::vector<std::string>> records;  // a dataset's, from every rank that wrote some of it
   for (const std::string& text : parallel_.world->all_gather_strings(mine)) {
     for (size_t at = 0; at < text.size();) {
       const size_t tab = text.find('\t', at), end = text.find('\n', at);
-      checksums[text.substr(at, tab - at)] = std::stoull(text.substr(tab + 1, end - tab - 1));
+      records[text.substr(at, tab - at)].push_back(text.substr(tab + 1, end - tab - 1));
       at = end + 1;
     }
   }
+  std::map<std::string, std::string> checksums;
+  for (auto& [name, pieces] : records)
+    checksums[name] = pieces.size() == 1 && pieces[0].find(':') == std::string::npos ? pieces[0]
+                                                                                      : join_piece_checksums(pieces);
   if (parallel_.world_rank == 0) finalize_on_rank0(checksums);
 }
 
-void CheckpointWriter::finalize_on_rank0(const std::map<std::string, uint64_t>& checksums) {
+void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string>& checksums) {
   const CheckpointState& s = job_.state;
   {
     std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
@@ -280,7 +297,7 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, uint64_t>& 
       h5::Handle dataset(h5::check_id(H5Dopen2(file.get(), ("/" + name).c_str(), H5P_DEFAULT), kCode,
                                       job_.tmp_path + ": /" + name),
                          H5Dclose);
-      h5::write_attribute_string(dataset.get(), kChecksumAttribute, hex64(checksum), kCode);
+      h5::write_attribute_string(dataset.get(), kChecksumAttribute, checksum, kCode);
     }
     h5::Handle trainer(h5::check_id(H5Gcreate2(file.get(), "trainer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
                                     job_.tmp_path + ": creating /trainer"),

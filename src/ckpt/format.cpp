@@ -1,9 +1,11 @@
 #include "dstrain/ckpt/format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/xxhash.h"
 
 namespace dstrain {
 namespace {
@@ -43,6 +45,46 @@ torch::ScalarType dtype_of_stored(hid_t type, const std::string& context) {
   if (kind == H5T_INTEGER && size == 8 && H5Tget_sign(type) == H5T_SGN_2) return torch::kInt64;
   if (kind == H5T_INTEGER && size == 1 && H5Tget_sign(type) == H5T_SGN_NONE) return torch::kUInt8;
   throw Error(kCode, context + ": a data type a checkpoint does not use");
+}
+
+std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash) {
+  return std::to_string(offset) + "+" + std::to_string(count) + ":" + hex64(hash);
+}
+
+std::string join_piece_checksums(std::vector<std::string> pieces) {
+  std::sort(pieces.begin(), pieces.end(), [](const std::string& a, const std::string& b) {
+    return std::stoll(a) < std::stoll(b);
+  });
+  std::string joined;
+  for (const std::string& piece : pieces) joined += (joined.empty() ? "" : ",") + piece;
+  return joined;
+}
+
+std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded) {
+  const auto* bytes = static_cast<const char*>(values.data_ptr());
+  if (recorded.find(':') == std::string::npos) {
+    const std::string actual = hex64(xxh64(bytes, values.nbytes()));
+    return actual == recorded ? "" : "xxh64 " + actual + ", recorded " + recorded;
+  }
+  const int64_t element = static_cast<int64_t>(values.element_size());
+  int64_t covered = 0;  // the pieces, in order, must tile the dataset
+  for (size_t at = 0; at < recorded.size();) {
+    const size_t end = std::min(recorded.find(',', at), recorded.size());
+    const std::string piece = recorded.substr(at, end - at);
+    const size_t plus = piece.find('+'), colon = piece.find(':');
+    if (plus == std::string::npos || colon == std::string::npos || colon < plus)
+      return "an unreadable checksum record \"" + piece + "\"";
+    const int64_t offset = std::stoll(piece.substr(0, plus)), count = std::stoll(piece.substr(plus + 1, colon - plus - 1));
+    if (offset != covered || count < 0 || offset + count > values.numel())
+      return "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
+    const std::string actual = hex64(xxh64(bytes + offset * element, static_cast<size_t>(count * element)));
+    if (actual != piece.substr(colon + 1))
+      return "elements " + std::to_string(offset) + "+" + std::to_string(count) + ": xxh64 " + actual + ", recorded " +
+             piece.substr(colon + 1);
+    covered += count;
+    at = end + 1;
+  }
+  return covered == values.numel() ? "" : "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
 }
 
 const char* dtype_name(torch::ScalarType dtype) {

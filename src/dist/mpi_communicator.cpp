@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "dstrain/dist/mpi_check.h"
@@ -188,25 +189,29 @@ void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 
 namespace {
 
-// A nonblocking all-reduce of one host-staged tensor (at most 2^31 - 1 elements).
-class MpiAllReduce final : public Work {
+// A nonblocking reduction of host-staged tensors (at most 2^31 - 1 elements): `output` in place
+// (all-reduce) or from `input` (reduce-scatter). wait() completes it and copies the result back.
+class MpiReduction final : public Work {
  public:
-  MpiAllReduce(std::function<void(std::vector<MPI_Request>&)> wait, torch::Tensor tensor, ReduceOp op, int size,
-               const Reduction& reduction, MPI_Comm comm)
-      : wait_(std::move(wait)), tensor_(std::move(tensor)), host_(tensor_, /*copy_in=*/true), op_(op), size_(size) {
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, host_.data(), checked_count(tensor_.numel()), reduction.type, reduction.op,
-                             comm, request_.data()));
+  using Start = std::function<void(const void* input, void* output, MPI_Request* request)>;
+  MpiReduction(std::function<void(std::vector<MPI_Request>&)> wait, torch::Tensor output,
+               const torch::Tensor* input, ReduceOp op, int size, const Start& start)
+      : wait_(std::move(wait)), output_(std::move(output)), out_(output_, /*copy_in=*/input == nullptr), op_(op),
+        size_(size) {
+    if (input) in_.emplace(*input, /*copy_in=*/true);
+    start(in_ ? in_->data() : MPI_IN_PLACE, out_.data(), request_.data());
   }
   void wait() override {
     wait_(request_);
-    host_.copy_out();
-    finish_average(tensor_, op_, size_);
+    out_.copy_out();
+    finish_average(output_, op_, size_);
   }
 
  private:
   std::function<void(std::vector<MPI_Request>&)> wait_;
-  torch::Tensor tensor_;
-  HostView host_;
+  torch::Tensor output_;
+  HostView out_;
+  std::optional<HostView> in_;
   ReduceOp op_;
   int size_;
   std::vector<MPI_Request> request_ = std::vector<MPI_Request>(1, MPI_REQUEST_NULL);
@@ -216,25 +221,38 @@ class MpiAllReduce final : public Work {
 
 std::unique_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
   require_contiguous(tensor, "all_reduce_async");
-  auto wait_here = [this, n = tensor.numel()](std::vector<MPI_Request>& request) {
-    wait(request, [&] { return "all_reduce of " + std::to_string(n) + " elements over " + describe_group(); });
+  const Reduction reduction = reduction_for(tensor, op);
+  const int count = checked_count(tensor.numel());
+  auto wait_here = [this, count](std::vector<MPI_Request>& request) {
+    wait(request, [&] { return "all_reduce of " + std::to_string(count) + " elements over " + describe_group(); });
   };
-  return std::make_unique<MpiAllReduce>(wait_here, tensor, op, size_, reduction_for(tensor, op), comm_);
+  return std::make_unique<MpiReduction>(wait_here, tensor, nullptr, op, size_,
+                                        [&](const void* in, void* out, MPI_Request* request) {
+                                          MPI_CHECK(MPI_Iallreduce(in, out, count, reduction.type, reduction.op,
+                                                                   comm_, request));
+                                        });
 }
 
-void MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                                            ReduceOp op) {
   require_contiguous(output, "reduce_scatter");
   require_contiguous(input, "reduce_scatter");
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
-  Reduction reduction = reduction_for(input, op);
-  HostView in(input, /*copy_in=*/true), out(output, /*copy_in=*/false);
-  std::vector<MPI_Request> request(1);
-  MPI_CHECK(MPI_Ireduce_scatter_block(in.data(), out.data(), checked_count(output.numel()), reduction.type,
-                                      reduction.op, comm_, request.data()));
-  wait(request, [&] { return "reduce_scatter over " + describe_group(); });
-  out.copy_out();
-  finish_average(output, op, size_);
+  const Reduction reduction = reduction_for(input, op);
+  const int count = checked_count(output.numel());
+  auto wait_here = [this, count](std::vector<MPI_Request>& request) {
+    wait(request, [&] { return "reduce_scatter of " + std::to_string(count) + " elements per rank over " + describe_group(); });
+  };
+  return std::make_unique<MpiReduction>(wait_here, output, &input, op, size_,
+                                        [&](const void* in, void* out, MPI_Request* request) {
+                                          MPI_CHECK(MPI_Ireduce_scatter_block(in, out, count, reduction.type,
+                                                                              reduction.op, comm_, request));
+                                        });
+}
+
+void MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+  reduce_scatter_async(output, input, op)->wait();
 }
 
 void MpiCommunicator::all_gather(torch::Tensor& output, const torch::Tensor& input) {

@@ -6,17 +6,38 @@
 
 namespace dstrain {
 
+namespace {
+
+std::vector<ParameterShard> whole_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  std::vector<ParameterShard> shards;
+  for (const auto& [name, param] : params) shards.push_back({name, param, torch::Tensor(), param.sizes().vec(), 0});
+  return shards;
+}
+
+}  // namespace
+
 AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, const AdamWOptions& options)
-    : options_(options) {
+    : AdamW(whole_parameters(params), options) {}
+
+AdamW::AdamW(const std::vector<ParameterShard>& shards, const AdamWOptions& options) : options_(options) {
   torch::NoGradGuard no_grad;
-  for (auto& [name, param] : params) {
+  for (const ParameterShard& shard : shards) {
+    const torch::Tensor& param = shard.values;
     torch::Tensor master =
         param.scalar_type() == torch::kFloat32 ? param : param.detach().to(torch::kFloat32).clone();
-    states_.push_back({name, param, master, torch::zeros_like(master), torch::zeros_like(master),
-                       /*decay=*/param.dim() >= 2});
+    // Matrices decay, whatever piece of them this rank holds.
+    states_.push_back({shard.name, param, master, torch::zeros_like(master), torch::zeros_like(master),
+                       /*decay=*/shard.full_shape.size() >= 2, shard.full_shape, shard.offset});
   }
   fused_ = !states_.empty() && compat::has_fused_adamw(states_.front().param.device());
   if (fused_) step_ = torch::zeros({}, torch::dtype(torch::kFloat32).device(states_.front().param.device()));
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const State& s : states_)
+    bytes += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes() + (s.master.is_same(s.param) ? 0 : s.master.nbytes());
+  return bytes;
 }
 
 int64_t AdamW::step_count() const { return fused_ ? static_cast<int64_t>(step_.item<float>()) : step_count_; }

@@ -28,32 +28,60 @@ class GradientArrivalHook final : public torch::autograd::FunctionPostHook {
 GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<torch::Tensor>& use_order,
                                GradientReduction reduction)
     : reduction_(reduction), owner_(std::this_thread::get_id()) {
+  const int64_t dp = reduction_.dp_group ? reduction_.dp_group->size() : 1;
+  sharded_ = reduction_.shard && dp > 1;
   // Buffer order: the reverse of use, which is the order in which backward finishes them.
   std::vector<torch::Tensor> order(use_order.rbegin(), use_order.rend());
   if (order.size() != params.size())
     throw Error(ExitCode::kInternal, "gradient buffer: use order and parameters differ");
-  int64_t total = 0;
-  for (const torch::Tensor& p : order) total += p.numel();
   const torch::Device device = order.empty() ? torch::Device(torch::kCPU) : order.front().device();
-  flat_ = torch::zeros({total}, torch::dtype(torch::kFloat32).device(device));
 
+  // Parameters into buckets of about bucket_bytes, then each bucket padded to a multiple of the
+  // DP size when it is reduce-scattered.
   const int64_t bucket_elements = std::max<int64_t>(1, reduction_.bucket_bytes / 4);
   std::map<const void*, size_t> slot_of;  // by parameter identity
   int64_t offset = 0;
+  auto close_bucket = [&] {
+    if (buckets_.empty()) return;
+    Bucket& last = buckets_.back();
+    if (sharded_) last.length += (dp - last.length % dp) % dp;
+    offset = last.start + last.length;
+  };
   for (const torch::Tensor& p : order) {
-    if (buckets_.empty() || buckets_.back().length >= bucket_elements) buckets_.push_back({offset, 0});
+    if (buckets_.empty() || buckets_.back().length >= bucket_elements) {
+      close_bucket();
+      buckets_.push_back({offset, 0});
+    }
     Bucket& bucket = buckets_.back();
     bucket.length += p.numel();
     ++bucket.slots;
     slot_of[p.unsafeGetTensorImpl()] = slots_.size();
-    slots_.push_back({p, flat_.narrow(0, offset, p.numel()).view(p.sizes()), p.scalar_type() != torch::kFloat32,
-                      buckets_.size() - 1});
+    slots_.push_back({p, torch::Tensor(), offset, p.scalar_type() != torch::kFloat32, buckets_.size() - 1});
     offset += p.numel();
   }
+  close_bucket();
+  flat_ = torch::zeros({offset}, torch::dtype(torch::kFloat32).device(device));
+  for (Slot& slot : slots_) slot.view = flat_.narrow(0, slot.offset, slot.param.numel()).view(slot.param.sizes());
+
   for (const auto& [name, p] : params) {
     auto it = slot_of.find(p.unsafeGetTensorImpl());
     if (it == slot_of.end()) throw Error(ExitCode::kInternal, "gradient buffer: " + name + " is not in the use order");
-    views_.push_back(slots_[it->second].view);
+    const Slot& slot = slots_[it->second];
+    views_.push_back(slot.view);
+    if (!sharded_) {
+      shards_.push_back({name, p, slot.view, p.sizes().vec(), 0});
+      continue;
+    }
+    if (p.scalar_type() != order.front().scalar_type())
+      throw Error(ExitCode::kInternal, "gradient buffer: ZeRO-1 needs parameters of one dtype");
+    // The elements of the parameter inside this rank's shard of its bucket, if any.
+    const Bucket& bucket = buckets_[slot.bucket];
+    const int64_t first = std::max(slot.offset, shard_start(bucket));
+    const int64_t last = std::min(slot.offset + p.numel(), shard_start(bucket) + shard_length(bucket));
+    if (first >= last) continue;
+    shards_.push_back({name, p.detach().view({-1}).narrow(0, first - slot.offset, last - first),
+                       flat_.narrow(0, first, last - first), p.sizes().vec(), first - slot.offset});
+    shard_places_.push_back({slot.bucket, first});
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     torch::Tensor& param = slots_[i].param;
@@ -102,7 +130,12 @@ void GradientBuffer::on_gradient(size_t index) {
 void GradientBuffer::launch(Bucket& bucket) {
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   bucket.wire = reduction_.wire_dtype == torch::kFloat32 ? region : region.to(reduction_.wire_dtype);
-  bucket.work = reduction_.dp_group->all_reduce_async(bucket.wire, ReduceOp::kAvg);
+  if (!sharded_) {
+    bucket.work = reduction_.dp_group->all_reduce_async(bucket.wire, ReduceOp::kAvg);
+    return;
+  }
+  bucket.shard = torch::empty({shard_length(bucket)}, bucket.wire.options());
+  bucket.work = reduction_.dp_group->reduce_scatter_async(bucket.shard, bucket.wire, ReduceOp::kAvg);
 }
 
 void GradientBuffer::reduce() {
@@ -115,8 +148,45 @@ void GradientBuffer::reduce() {
   for (Bucket& b : buckets_) {
     b.work->wait();
     b.work.reset();
-    if (reduction_.wire_dtype != torch::kFloat32) flat_.narrow(0, b.start, b.length).copy_(b.wire);
-    b.wire = torch::Tensor();
+    if (sharded_)
+      flat_.narrow(0, shard_start(b), shard_length(b)).copy_(b.shard);
+    else if (reduction_.wire_dtype != torch::kFloat32)
+      flat_.narrow(0, b.start, b.length).copy_(b.wire);
+    b.wire = b.shard = torch::Tensor();
+  }
+}
+
+std::vector<torch::Tensor> GradientBuffer::shard_grads() const {
+  std::vector<torch::Tensor> grads;
+  for (const ParameterShard& s : shards_) grads.push_back(s.grad);
+  return grads;
+}
+
+std::vector<torch::Tensor> GradientBuffer::owned_regions() const {
+  if (!sharded_) return {flat_};
+  std::vector<torch::Tensor> regions;
+  for (const Bucket& b : buckets_) regions.push_back(flat_.narrow(0, shard_start(b), shard_length(b)));
+  return regions;
+}
+
+void GradientBuffer::gather_parameters() {
+  if (!sharded_) return;
+  torch::NoGradGuard no_grad;
+  const torch::TensorOptions options = slots_.front().param.options();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    // This rank's updated elements at their places in its shard (padding stays zero) ...
+    torch::Tensor mine = torch::zeros({shard_length(bucket)}, options);
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (shard_places_[i].bucket == b)
+        mine.narrow(0, shard_places_[i].flat_offset - shard_start(bucket), shards_[i].values.numel())
+            .copy_(shards_[i].values);
+    // ... and everybody's, back into the parameters.
+    torch::Tensor all = torch::empty({bucket.length}, options);
+    reduction_.dp_group->all_gather(all, mine);
+    for (const Slot& slot : slots_)
+      if (slot.bucket == b)
+        slot.param.detach().view({-1}).copy_(all.narrow(0, slot.offset - bucket.start, slot.param.numel()));
   }
 }
 

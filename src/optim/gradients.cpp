@@ -2,12 +2,21 @@
 
 namespace dstrain {
 
-torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group) {
+torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group, Communicator* shard_group) {
   torch::NoGradGuard no_grad;
-  torch::Tensor norm = buffer.flat().norm();
-  if (!model_group || model_group->size() == 1) return norm;
-  torch::Tensor squares = (norm * norm).reshape({1});
-  model_group->all_reduce(squares, ReduceOp::kSum);
+  const bool sharded = shard_group && shard_group->size() > 1;
+  const bool staged = model_group && model_group->size() > 1;
+  if (!sharded) {
+    torch::Tensor norm = buffer.flat().norm();
+    if (!staged) return norm;
+    torch::Tensor squares = (norm * norm).reshape({1});
+    model_group->all_reduce(squares, ReduceOp::kSum);
+    return squares.sqrt().reshape({});
+  }
+  torch::Tensor squares = torch::zeros({1}, buffer.flat().options());
+  for (const torch::Tensor& region : buffer.owned_regions()) squares += region.pow(2).sum();
+  shard_group->all_reduce(squares, ReduceOp::kSum);
+  if (staged) model_group->all_reduce(squares, ReduceOp::kSum);
   return squares.sqrt().reshape({});
 }
 

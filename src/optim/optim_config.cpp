@@ -19,6 +19,9 @@ void add_optim_options(OptionTable& t) {
   t.add("optim.nonfinite", OptionKind::kString, "stop",
         "a step whose gradient norm is not finite changes nothing; then stop: end the run (exit code 6), "
         "or skip: go on, counting such steps (fp16 always skips, and backs off its loss scale)");
+  t.add("optim.zero", OptionKind::kInt, "0",
+        "ZeRO stage: 0 keeps the whole optimizer state on every data-parallel rank; 1 shards the fp32 "
+        "master weights and AdamW moments over them (gradients reduce-scattered, parameters all-gathered)");
   t.add("optim.loss_scale", OptionKind::kFloat, "65536",
         "fp16 only: initial dynamic loss scale (halved on overflow, doubled after growth_interval clean steps)");
   t.add("optim.loss_scale_growth_interval", OptionKind::kInt, "1000",
@@ -37,6 +40,7 @@ OptimConfig read_optim_config(const Options& o) {
   c.weight_decay = o.get_float("optim.weight_decay", 0.0, 10.0);
   c.grad_clip = o.get_float("optim.grad_clip", 0.0, 1e9);
   c.skip_nonfinite = o.get_choice("optim.nonfinite", {"stop", "skip"}) == "skip";
+  c.zero = static_cast<int>(o.get_int("optim.zero", 0, 1));
   c.loss_scale = o.get_float("optim.loss_scale", 1.0, 1e30);
   c.loss_scale_growth_interval = o.get_int("optim.loss_scale_growth_interval", 1);
   if (c.min_lr > c.lr)

@@ -19,15 +19,22 @@ std::string value_of(const std::string& text, const std::string& key) {
 
 }  // namespace
 
-NamedTensors checkpoint_datasets(const AdamW& optimizer) {
-  NamedTensors datasets;
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded) {
+  CheckpointContents contents;
+  for (const auto& [name, param] : params) contents.replicated.emplace_back("model/" + name, param);
   for (const AdamW::State& s : optimizer.states()) {
-    datasets.emplace_back("model/" + s.name, s.param);
-    if (!s.master.is_same(s.param)) datasets.emplace_back("optim/" + s.name + "/master", s.master);
-    datasets.emplace_back("optim/" + s.name + "/exp_avg", s.exp_avg);
-    datasets.emplace_back("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq);
+    std::vector<std::pair<std::string, torch::Tensor>> state;
+    if (!s.master.is_same(s.param)) state.emplace_back("optim/" + s.name + "/master", s.master);
+    state.emplace_back("optim/" + s.name + "/exp_avg", s.exp_avg);
+    state.emplace_back("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq);
+    for (auto& [name, tensor] : state) {
+      if (sharded)
+        contents.owned.push_back({name, tensor.reshape({-1}), s.full_shape, s.offset});
+      else
+        contents.replicated.emplace_back(name, tensor);
+    }
   }
-  return datasets;
+  return contents;
 }
 
 std::string model_shape_text(const ModelConfig& m) {
@@ -70,18 +77,20 @@ void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer) {
   for (AdamW::State& s : optimizer.states()) {
     // The fp32 master when the checkpoint has one (a bf16/fp16 run), else the parameter itself.
     const std::string master = "optim/" + s.name + "/master";
-    torch::Tensor weights = reader.read(reader.find(master) ? master : "model/" + s.name);
-    for (const auto& [name, target] : {std::make_pair(std::string("model/") + s.name, s.master),
-                                       std::make_pair("optim/" + s.name + "/exp_avg", s.exp_avg),
-                                       std::make_pair("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq)}) {
+    for (const std::string& name : {"model/" + s.name, "optim/" + s.name + "/exp_avg", "optim/" + s.name + "/exp_avg_sq"}) {
       const CheckpointReader::DatasetInfo* info = reader.find(name);
       if (!info) throw Error(kCode, reader.path() + ": /" + name + " is missing (a checkpoint of another model?)");
-      if (info->shape != target.sizes().vec())
+      if (info->shape != s.full_shape)
         throw Error(kCode, reader.path() + ": /" + name + " has another shape than this model's " + s.name);
     }
-    s.master.copy_(weights);
-    s.exp_avg.copy_(reader.read("optim/" + s.name + "/exp_avg"));
-    s.exp_avg_sq.copy_(reader.read("optim/" + s.name + "/exp_avg_sq"));
+    // Whole tensors are read (their checksums cover them whole), then this rank's part is kept.
+    auto part = [&](const std::string& name) {
+      torch::Tensor whole = reader.read(name);
+      return whole.reshape({-1}).narrow(0, s.offset, s.master.numel()).view(s.master.sizes());
+    };
+    s.master.copy_(part(reader.find(master) ? master : "model/" + s.name));
+    s.exp_avg.copy_(part("optim/" + s.name + "/exp_avg"));
+    s.exp_avg_sq.copy_(part("optim/" + s.name + "/exp_avg_sq"));
   }
   optimizer.load_masters();
   optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));

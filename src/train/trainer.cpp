@@ -226,9 +226,9 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   grads_ = std::make_unique<GradientBuffer>(
       params_, use_order,
       GradientReduction{parallel.dp_group.get(), wire_dtype_, static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)),
-                        c.comm.overlap, c.loop.grad_accum});
+                        c.comm.overlap, c.loop.grad_accum, /*shard=*/c.optim.zero == 1});
   optimizer_ = std::make_unique<AdamW>(
-      params_, AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
+      grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.loop.precision == "fp16")
     loss_scaler_ = std::make_unique<DynamicLossScaler>(c.optim.loss_scale, c.optim.loss_scale_growth_interval, device);
   nonfinite_steps_ = torch::zeros({}, torch::dtype(torch::kFloat32).device(device));
@@ -296,13 +296,15 @@ StepTensors Trainer::train_step(int64_t step) {
   torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum), loss_scale);
   grads_->reduce();
   if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
-  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
+  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get(),
+                                        grads_->sharded() ? parallel_.dp_group.get() : nullptr);
   // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the
   // device); the next log line reports it, and stops the run unless fp16 overflow explains it.
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
   nonfinite_steps_ += found_inf;
   clip_gradients(*grads_, norm, config_.optim.grad_clip);
-  optimizer_->step(schedule_.at(step), grads_->grads(), found_inf);
+  optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf);
+  grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
   return {loss_sum, norm};
 }
@@ -437,6 +439,7 @@ void Trainer::resume_from(const std::string& path) {
   check_resumable(reader, {model_shape_text(config_.model), config_.data.train, corpus_fingerprint_,
                            static_cast<uint64_t>(config_.loop.global_batch), static_cast<uint64_t>(config_.loop.seq_len)});
   load_checkpoint(reader, *optimizer_);
+  grads_->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (loss_scaler_ && state.loss_scale > 0)
     loss_scaler_->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);
   // The generator states go back where they came from when the layout is the same.
@@ -479,7 +482,8 @@ void Trainer::save_checkpoint(int64_t step) {
   state.virtual_stages = static_cast<uint64_t>(config_.parallel.virtual_stages);
   state.schedule = config_.parallel.schedule;
   state.stage_layers = stage_layers_text_;
-  const double blocked = checkpoints_->begin(step, checkpoint_datasets(*optimizer_), std::move(state),
+  CheckpointContents contents = checkpoint_contents(params_, *optimizer_, grads_->sharded());
+  const double blocked = checkpoints_->begin(step, contents.replicated, contents.owned, std::move(state),
                                              at::detail::getDefaultCPUGenerator().get_state());
   char text[96];
   std::snprintf(text, sizeof text, "checkpoint of step %lld: training blocked %.2f s; writing in the background",
@@ -512,6 +516,10 @@ TrainResult Trainer::run() {
             " FLOP per token (training); ", config_.loop.precision, " on ",
             placement_.device.str(), " (", placement_.name, "), comm ", parallel_.dp_group->backend());
   if (!pipeline_text_.empty()) log::info(pipeline_text_);
+  char state[128];
+  std::snprintf(state, sizeof state, "optimizer state: %.1f MiB on rank 0%s", optimizer_->state_bytes() / 1048576.0,
+                grads_->sharded() ? ", sharded over the data-parallel ranks (ZeRO-1)" : "");
+  log::info(state);
   log::info("training ", steps, " steps: global batch ", config_.loop.global_batch, " × ",
             config_.loop.seq_len, " tokens (micro_batch ", config_.loop.micro_batch, " × grad_accum ",
             config_.loop.grad_accum, " × dp ", parallel_.grid.dp(), "), ",
@@ -598,6 +606,7 @@ TrainResult Trainer::run() {
                                 {"pp", parallel_.grid.pp()},
                                 {"schedule", config_.parallel.schedule},
                                 {"virtual_stages", config_.parallel.virtual_stages}}}};
+    summary["optimizer_state_bytes"] = optimizer_->state_bytes();  // rank 0's
     if (valid_corpus_) summary["final_eval_loss"] = result.final_eval_loss;
     if (result.mfu > 0) summary["mfu"] = result.mfu;
     if (result.peak_memory_bytes > 0) summary["peak_memory_bytes"] = result.peak_memory_bytes;

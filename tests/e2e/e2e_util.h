@@ -28,6 +28,9 @@ const TestCorpus& test_corpus();
 // `dstrain train` of input/tiny.ini on the test corpus into `run_dir`; `extra` overrides.
 RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<std::string>& extra);
 
+// The byte at the middle of a dataset's data in an HDF5 file, flipped in place.
+void flip_a_byte(const std::string& file, const std::string& dataset);
+
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 nlohmann::json read_json(const std::string& path);
 

@@ -8,7 +8,6 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/files.h"
-#include "dstrain/core/h5.h"
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;
@@ -69,29 +68,6 @@ void expect_same_records(const std::string& a, const std::string& b, double tole
         EXPECT_NEAR(ra[i][key].get<double>(), rb[i][key].get<double>(), tolerance) << key << " at step " << ra[i]["step"];
     }
   }
-}
-
-// The byte at the middle of a dataset's data, flipped in place.
-void flip_a_byte(const std::string& file, const std::string& dataset) {
-  haddr_t offset = 0;
-  hsize_t size = 0;
-  {
-    std::lock_guard<std::recursive_mutex> lock(dstrain::h5::h5_mutex());
-    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    ASSERT_GE(f, 0);
-    hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
-    ASSERT_GE(d, 0);
-    offset = H5Dget_offset(d);
-    size = H5Dget_storage_size(d);
-    H5Dclose(d);
-    H5Fclose(f);
-  }
-  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
-  io.seekg(static_cast<std::streamoff>(offset + size / 2));
-  char byte = 0;
-  io.get(byte);
-  io.seekp(static_cast<std::streamoff>(offset + size / 2));
-  io.put(static_cast<char>(byte ^ 0x10));
 }
 
 }  // namespace

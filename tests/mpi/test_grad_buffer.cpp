@@ -1,9 +1,13 @@
 // The gradient buffer's data-parallel average on real MPI ranks: bucketed and started during the
-// backward pass, it equals the plain average computed independently.
+// backward pass, it equals the plain average computed independently; sharded (ZeRO-1), the
+// optimizer's update equals the unsharded one.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <tuple>
+
 #include "dstrain/dist/mpi_communicator.h"
+#include "dstrain/optim/adamw.h"
 #include "dstrain/optim/grad_buffer.h"
 
 using namespace dstrain;
@@ -102,4 +106,48 @@ TEST(GradientBuffer, EveryWayOfReducingGivesTheSameAverage) {
   // ... and only that: relative to the whole, bf16 operands' rounding (cancelling sums make
   // single elements worse).
   EXPECT_LT(((plain - sixteen_bits).norm() / plain.norm()).item<double>(), 1e-2);
+}
+
+// ZeRO-1: each rank reduce-scatters the buckets, updates its shard of the parameters with AdamW
+// and all-gathers the rest; after every step the parameters equal those of the unsharded AdamW
+// on the all-reduced gradients, and the ranks' optimizer state together is exactly the whole.
+TEST(GradientBuffer, ShardedAdamWEqualsTheWholeUpdate) {
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    MpiCommunicator dp(MPI_COMM_WORLD);
+    torch::manual_seed(7);
+    Stack sharded(dtype);
+    torch::manual_seed(7);
+    Stack whole(dtype);
+    // A bucket per matrix (256 elements): each split between the ranks, padded for 3 ranks.
+    const int64_t bucket_bytes = 200 * 4;
+    GradientBuffer sharded_buffer(sharded.named, sharded.weights, {&dp, torch::kFloat32, bucket_bytes, true, 1, true});
+    GradientBuffer whole_buffer(whole.named, whole.weights, {&dp, torch::kFloat32, bucket_bytes, true, 1, false});
+    ASSERT_TRUE(sharded_buffer.sharded());
+    AdamWOptions options{0.9, 0.95, 1e-8, 0.1};
+    AdamW sharded_adam(sharded_buffer.shards(), options), whole_adam(whole_buffer.shards(), options);
+    ASSERT_EQ(sharded_buffer.shards().size(), whole.weights.size());
+    for (const ParameterShard& s : sharded_buffer.shards()) EXPECT_FALSE(s.whole()) << s.name;
+
+    torch::Tensor no_inf = torch::zeros({});
+    for (int step = 0; step < 3; ++step) {
+      for (auto [model, buffer, adam] : {std::tuple{&sharded, &sharded_buffer, &sharded_adam},
+                                         std::tuple{&whole, &whole_buffer, &whole_adam}}) {
+        buffer->zero();
+        model->loss(inputs(dp.rank(), step)).backward();
+        buffer->reduce();
+        adam->step(1e-2, buffer->shard_grads(), no_inf);
+        buffer->gather_parameters();
+      }
+      for (size_t i = 0; i < whole.weights.size(); ++i) {
+        torch::Tensor a = sharded.weights[i].to(torch::kFloat32), b = whole.weights[i].to(torch::kFloat32);
+        // fp32: the same arithmetic on the same numbers; bf16: the same masters, rounded alike.
+        EXPECT_LT((a - b).abs().max().item<double>(), 1e-5)
+            << "layer " << i << " step " << step << " " << c10::toString(dtype) << " on rank " << world_rank();
+      }
+    }
+    torch::Tensor bytes = torch::full({1}, sharded_adam.state_bytes(), torch::kInt64);
+    MPI_Allreduce(MPI_IN_PLACE, bytes.data_ptr<int64_t>(), 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(bytes.item<int64_t>(), whole_adam.state_bytes());
+    EXPECT_LT(sharded_adam.state_bytes(), whole_adam.state_bytes() / dp.size() + whole_adam.state_bytes() / 6);
+  }
 }

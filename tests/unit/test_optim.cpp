@@ -21,7 +21,7 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
   torch::Tensor norm = torch::randn({4}, torch::kFloat64).to(torch::kFloat32);
   torch::Tensor matrix0 = matrix.clone(), norm0 = norm.clone();
   AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-  AdamW adam({{"w", matrix}, {"model.norm.weight", norm}}, o);
+  AdamW adam(NamedTensors{{"w", matrix}, {"model.norm.weight", norm}}, o);
   std::vector<double> p(matrix0.data_ptr<float>(), matrix0.data_ptr<float>() + 12);
   std::vector<double> q(norm0.data_ptr<float>(), norm0.data_ptr<float>() + 4);
   std::vector<double> m(16, 0.0), v(16, 0.0);
@@ -51,7 +51,7 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
 TEST(AdamW, Bf16ParametersFollowFp32MasterWeights) {
   torch::Tensor start = torch::randn({8, 8});
   torch::Tensor fp32 = start.clone(), bf16 = start.to(torch::kBFloat16);
-  AdamW reference({{"w", fp32}}, {}), mixed({{"w", bf16}}, {});
+  AdamW reference(NamedTensors{{"w", fp32}}, {}), mixed(NamedTensors{{"w", bf16}}, {});
   // The master starts from the bf16 parameter (as the model was rounded before the optimizer saw it).
   fp32.copy_(bf16.to(torch::kFloat32));
   for (int t = 0; t < 4; ++t) {
@@ -71,7 +71,7 @@ TEST(AdamW, Bf16ParametersFollowFp32MasterWeights) {
 
 TEST(AdamW, StepWithNonFiniteGradientsChangesNothing) {
   torch::Tensor w = torch::randn({4, 4});
-  AdamW adam({{"w", w}}, {});
+  AdamW adam(NamedTensors{{"w", w}}, {});
   adam.step(0.1, {torch::randn({4, 4})}, no_inf());
   torch::Tensor before = w.clone(), exp_avg = adam.states()[0].exp_avg.clone();
   adam.step(0.1, {torch::full({4, 4}, std::nanf(""))}, torch::ones({}));
@@ -178,7 +178,7 @@ TEST(DynamicLossScaler, BacksOffOnOverflowAndGrowsAfterCleanSteps) {
 TEST(DynamicLossScaler, InjectedInfSkipsTheUpdateAndHalvesTheScale) {
   torch::Tensor w = torch::ones({3}, torch::dtype(torch::kFloat16).requires_grad(true));
   GradientBuffer buffer({{"w", w}}, {w});
-  AdamW adam({{"w", w}}, {});
+  AdamW adam(NamedTensors{{"w", w}}, {});
   DynamicLossScaler scaler(256.0, 1000, torch::kCPU);
   auto step = [&](const torch::Tensor& injected) {
     buffer.zero();

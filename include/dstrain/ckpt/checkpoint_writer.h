@@ -32,6 +32,16 @@ struct RetentionPolicy {
 std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy,
                                                int64_t current_step);
 
+// A part of a dataset that this rank alone holds (ZeRO-1's optimizer shards): the elements
+// [offset, offset + values.numel()) of the flattened dataset of `shape`. The ranks' pieces of a
+// dataset together cover it; each is checksummed on its own (format.h).
+struct DatasetPiece {
+  std::string name;
+  torch::Tensor values;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+};
+
 class CheckpointWriter {
  public:
   CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel);
@@ -39,11 +49,13 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Collective. `datasets`: what this rank's pipeline stage holds ("model/<name>", "optim/<name>/
-  // exp_avg", ...; the same list on every data-parallel rank of the stage, which share the
-  // writing). `rng`: this rank's generator state. Finishes the previous save first, if one is in
-  // flight. Returns the seconds the caller was blocked.
-  double begin(int64_t step, const NamedTensors& datasets, CheckpointState state, const torch::Tensor& rng);
+  // Collective. `replicated`: what this rank's pipeline stage holds whole ("model/<name>",
+  // "optim/<name>/exp_avg", ...; the same list on every data-parallel rank of the stage, which
+  // share the writing). `owned`: pieces this rank alone holds, which it writes itself. `rng`: this
+  // rank's generator state. Finishes the previous save first, if one is in flight. Returns the
+  // seconds the caller was blocked.
+  double begin(int64_t step, const NamedTensors& replicated, const std::vector<DatasetPiece>& owned,
+               CheckpointState state, const torch::Tensor& rng);
   // Collective and cheap: completes the save in flight if every rank has written its share.
   // Call at every step boundary.
   void poll();
@@ -57,16 +69,16 @@ class CheckpointWriter {
     int64_t step = 0;
     std::string path, tmp_path;
     CheckpointState state;
-    std::vector<std::pair<std::string, torch::Tensor>> mine;  // host copies this rank writes
-    std::map<std::string, uint64_t> offsets;                  // where each of them goes in the file
-    std::map<std::string, uint64_t> checksums;                // filled by the writer thread
+    std::vector<DatasetPiece> mine;               // host copies this rank writes (a whole one: offset 0)
+    std::map<std::string, uint64_t> offsets;      // where each dataset lies in the file
+    std::map<std::string, std::string> checksums; // of what this rank wrote, as recorded (format.h)
     std::string error;                                        // of the writer thread
     double blocked_seconds = 0;
     std::chrono::steady_clock::time_point started;
   };
   void write_share();  // the background thread
   void complete();     // collective: the save in flight is written everywhere
-  void finalize_on_rank0(const std::map<std::string, uint64_t>& checksums);
+  void finalize_on_rank0(const std::map<std::string, std::string>& checksums);
 
   std::string dir_;
   RetentionPolicy retention_;

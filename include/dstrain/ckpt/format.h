@@ -5,8 +5,10 @@
 //   /trainer                              attributes: step, data position, optimizer and loss-scale
 //                                         state, effective configuration, layout, corpus identity;
 //                                         dataset rng_cpu: every rank's generator state
-// Every dataset carries its XXH64 checksum as the attribute "xxh64"; the file names the format
-// and its version. bf16 and fp16 are stored as 16-bit HDF5 floating-point types, which h5dump
+// Every dataset carries its XXH64 checksum as the attribute "xxh64": of all its bytes
+// ("0123456789abcdef"), or, for a dataset written in pieces by several ranks (ZeRO-1's optimizer
+// shards), of each piece: "OFFSET+COUNT:HASH,..." in elements of the flattened dataset, the
+// pieces covering it exactly (format version 2). The file names the format and its version. bf16 and fp16 are stored as 16-bit HDF5 floating-point types, which h5dump
 // and h5py read as numbers.
 #pragma once
 
@@ -14,13 +16,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dstrain/core/h5.h"
 
 namespace dstrain {
 
 constexpr const char* kCheckpointFormat = "dstrain-checkpoint";
-constexpr uint64_t kCheckpointFormatVersion = 1;
+constexpr uint64_t kCheckpointFormatVersion = 2;  // 1: no piecewise checksums; still read
 constexpr const char* kChecksumAttribute = "xxh64";
 
 // Everything but the tensors: what a resumed run continues from and checks against.
@@ -40,6 +43,13 @@ struct CheckpointState {
 // The HDF5 type a tensor of `dtype` is stored as, and back.
 h5::Handle stored_type(torch::ScalarType dtype);
 torch::ScalarType dtype_of_stored(hid_t type, const std::string& context);
+
+// The checksum record of one piece of a dataset written in pieces, "OFFSET+COUNT:HASH"; pieces
+// records join with commas (join_piece_checksums sorts them by offset).
+std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash);
+std::string join_piece_checksums(std::vector<std::string> pieces);
+// "" when `values` (the whole dataset, as stored) match the recorded checksum; else what differs.
+std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded);
 
 // "fp32", "bf16", ...: as the configuration names them.
 const char* dtype_name(torch::ScalarType dtype);

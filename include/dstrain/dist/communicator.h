@@ -12,7 +12,7 @@ namespace dstrain {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
-// An operation under way (Communicator::all_reduce_async).
+// An operation under way (Communicator::all_reduce_async, reduce_scatter_async).
 class Work {
  public:
   virtual ~Work() = default;
@@ -48,6 +48,9 @@ class Communicator {
   virtual bool callable_from_any_thread() const = 0;
   // `input` holds size() equal chunks along dim 0; rank r receives the reduction of chunk r.
   virtual void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) = 0;
+  // Starts one and returns at once (ZeRO-1's gradient buckets); both tensors stay untouched until wait().
+  virtual std::unique_ptr<Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                                     ReduceOp op) = 0;
   // `output` receives every rank's `input`, concatenated along dim 0 in rank order.
   virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;

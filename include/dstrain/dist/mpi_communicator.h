@@ -30,6 +30,7 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<Work> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override;
   bool callable_from_any_thread() const override { return false; }
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
+  std::unique_ptr<Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;
   void send(const torch::Tensor& tensor, int peer) override;

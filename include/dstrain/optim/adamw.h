@@ -2,6 +2,8 @@
 // fp32 master weights: a bf16/fp16 model gets an fp32 copy of each parameter that the update
 // works on, and the parameter receives the rounded result. Moments are fp32 in every case.
 // Weight decay applies to matrices only (embeddings, projections), never to norm weights.
+// Under ZeRO-1 it updates this rank's shards of the parameters (ParameterShard) alone: AdamW is
+// elementwise, so the shards' updates together are the whole update.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -9,6 +11,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dstrain/optim/parameter_shard.h"
 
 namespace dstrain {
 
@@ -19,9 +23,11 @@ struct AdamWOptions {
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, const AdamWOptions& options);
+  // The parts of the parameters this rank updates (their `grad` is not used here).
+  AdamW(const std::vector<ParameterShard>& shards, const AdamWOptions& options);
 
-  // One update with learning rate `lr` from `grads` (fp32, one per parameter in the order
-  // given to the constructor). When `found_inf` (0-dim on the parameters' device) is non-zero
+  // One update with learning rate `lr` from `grads` (fp32, one per parameter or shard in the
+  // order given to the constructor). When `found_inf` (0-dim on the parameters' device) is non-zero
   // nothing changes: no update, no moment, no step count.
   void step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
   // Updates applied so far (skipped steps not counted).
@@ -35,9 +41,13 @@ class AdamW {
     std::string name;
     torch::Tensor param, master, exp_avg, exp_avg_sq;  // master is param itself for fp32
     bool decay;
+    std::vector<int64_t> full_shape;  // of the parameter; param may be a shard of it ...
+    int64_t offset = 0;               // ... starting at this element of the flattened parameter
   };
   const std::vector<State>& states() const { return states_; }
   std::vector<State>& states() { return states_; }
+  // Bytes of optimizer state this rank holds: fp32 masters (bf16/fp16 models) and moments.
+  int64_t state_bytes() const;
 
  private:
   void explicit_step(double lr, const std::vector<torch::Tensor>& grads);

@@ -9,9 +9,15 @@
 //
 // The buffer is laid out in the order in which the backward pass finishes the parameters (the
 // reverse of their use) and averaged over the DP group in buckets of about `bucket_bytes`: with
-// `overlap`, each bucket's all-reduce starts as soon as the step's last gradient of each of its
+// `overlap`, each bucket's reduction starts as soon as the step's last gradient of each of its
 // parameters has arrived (a hook on each parameter's gradient accumulator), while the backward
 // pass goes on, as PyTorch's DDP and Megatron do.
+//
+// ZeRO-1 (`shard`): each bucket is padded to a multiple of the DP size and reduce-scattered, so
+// that DP rank r ends with the average of the r-th 1/dp of every bucket only: its shard. The
+// optimizer updates just the parameters' elements in the shard (shards()), and
+// gather_parameters() then all-gathers the updated parameters from their owners. Communication
+// equals an all-reduce's; optimizer state falls to 1/dp per rank (Megatron's distributed optimizer).
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -24,6 +30,7 @@
 #include <vector>
 
 #include "dstrain/dist/communicator.h"
+#include "dstrain/optim/parameter_shard.h"
 
 namespace dstrain {
 
@@ -35,6 +42,7 @@ struct GradientReduction {
   int64_t bucket_bytes = int64_t{25} << 20;   // of fp32 gradients per bucket
   bool overlap = true;                        // start buckets during the backward pass
   int64_t microbatches = 1;                   // gradients each parameter receives per step
+  bool shard = false;                         // ZeRO-1: reduce-scatter; each DP rank owns a shard
 };
 
 class GradientBuffer {
@@ -48,35 +56,60 @@ class GradientBuffer {
   GradientBuffer& operator=(const GradientBuffer&) = delete;
 
   void zero();    // before a step's first backward pass
-  void reduce();  // after its last: the average over the DP group, complete (no-op without one)
+  // After its last: the average over the DP group, complete (no-op without one); sharded, only
+  // this rank's shard of the buffer holds it.
+  void reduce();
 
   torch::Tensor& flat() { return flat_; }
   // One fp32 view of the buffer per parameter, in the order of `params`, with its shape.
   const std::vector<torch::Tensor>& grads() const { return views_; }
   size_t buckets() const { return buckets_.size(); }
 
+  bool sharded() const { return sharded_; }
+  // What this rank's optimizer updates, in the order of `params`: every parameter whole, or
+  // sharded the pieces of those that fall in this rank's shard.
+  const std::vector<ParameterShard>& shards() const { return shards_; }
+  std::vector<torch::Tensor> shard_grads() const;
+  // The parts of the buffer whose average this rank holds after reduce(): all of it, or its shard.
+  std::vector<torch::Tensor> owned_regions() const;
+  // Sharded: every rank receives the updated pieces of the others (collective over the DP group).
+  void gather_parameters();
+
  private:
   struct Slot {                 // a parameter, in buffer order
     torch::Tensor param, view;
+    int64_t offset;             // of view in flat_
     bool added_in;              // bf16/fp16: its .grad is added to the view by the hook
     size_t bucket;
     int64_t arrivals = 0;       // gradients received this step
   };
   struct Bucket {
-    int64_t start = 0, length = 0;  // elements of flat_
+    int64_t start = 0, length = 0;  // elements of flat_ (sharded: a multiple of the DP size)
     size_t slots = 0, ready = 0;
     torch::Tensor wire;             // what travels (flat_'s range, or a 16-bit copy)
+    torch::Tensor shard;            // sharded: this rank's averaged part of it
     std::unique_ptr<Work> work;
   };
   friend class GradientArrivalHook;
   void on_gradient(size_t slot);  // after the parameter's gradient accumulator has run
   void launch(Bucket& bucket);
+  int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.dp_group->size(); }
+  int64_t shard_start(const Bucket& bucket) const {
+    return bucket.start + reduction_.dp_group->rank() * shard_length(bucket);
+  }
 
   GradientReduction reduction_;
+  bool sharded_ = false;
   torch::Tensor flat_;
   std::vector<torch::Tensor> views_;  // in the order of `params`
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
+  std::vector<ParameterShard> shards_;
+  struct ShardPlace {
+    size_t bucket;
+    int64_t flat_offset;
+  };
+  std::vector<ShardPlace> shard_places_;  // where each of shards_ lies in the buffer
   size_t next_launch_ = 0;  // buckets before it have started this step
   std::vector<std::shared_ptr<void>> accumulators_;  // the autograd nodes the hooks live on
   std::mutex mutex_;                                 // hooks may run on autograd's threads

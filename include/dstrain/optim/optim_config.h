@@ -15,6 +15,7 @@ struct OptimConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   bool skip_nonfinite = false;  // go on after a step with a non-finite gradient norm (else stop)
+  int zero = 0;  // 1: ZeRO-1, optimizer state sharded over the data-parallel ranks
   double loss_scale = 65536;  // fp16: initial dynamic loss scale
   int64_t loss_scale_growth_interval = 1000;
 };

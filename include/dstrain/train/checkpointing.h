@@ -7,15 +7,22 @@
 #include <string>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/optim/adamw.h"
 
 namespace dstrain {
 
-// "model/<name>" (the parameter as the model holds it), "optim/<name>/master" (bf16/fp16 models),
-// "optim/<name>/exp_avg", "optim/<name>/exp_avg_sq", for every parameter of `optimizer`.
-NamedTensors checkpoint_datasets(const AdamW& optimizer);
+// "model/<name>" (the parameter as the model holds it; `params`), "optim/<name>/master"
+// (bf16/fp16 models), "optim/<name>/exp_avg", "optim/<name>/exp_avg_sq" for every parameter of
+// `optimizer`: whole when the data-parallel ranks hold the same state, as pieces of the whole
+// datasets when `sharded` (ZeRO-1).
+struct CheckpointContents {
+  NamedTensors replicated;
+  std::vector<DatasetPiece> owned;
+};
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded);
 
 // The model keys that fix the tensors' shapes, one "key = value" per line.
 std::string model_shape_text(const ModelConfig& model);
@@ -29,7 +36,8 @@ struct ResumeExpectations {
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected);
 
 // Copies this rank's masters (or parameters), moments and step count from the checkpoint into
-// `optimizer`, and the rounded masters into the parameters.
+// `optimizer` (only its shard of each, under ZeRO-1), and the rounded masters into the
+// parameters it updates. Under ZeRO-1 the caller then gathers the parameters.
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer);
 
 }  // namespace dstrain

@@ -133,6 +133,19 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override {
+    require_on_device(output, "reduce_scatter_async");
+    require_on_device(input, "reduce_scatter_async");
+    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
+      throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream([&](cudaStream_t s) {
+      NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(output),
+                                   nccl_op(op), comm_, s));
+    }, *done);
+    return std::make_unique<NcclWork>(done, device_);
+  }
+
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     require_on_device(output, "all_gather");
     require_on_device(input, "all_gather");
