@@ -16,6 +16,7 @@ OptionTable option_table() {
   t.add("bench.iters", OptionKind::kInt, "20", "comm, memory: timed repetitions of each measurement");
   t.add("bench.bytes", OptionKind::kInt, "0", "memory: bytes per copy (0: 1 GiB on GPUs, 256 MiB on the CPU)");
   t.add("bench.samples", OptionKind::kInt, "2000", "io: random samples of seq_len + 1 tokens to read");
+  t.add("bench.ckpt_mb", OptionKind::kInt, "256", "io: megabytes of the checkpoint to write (under ckpt.dir)");
   t.add("bench.json", OptionKind::kString, "", "also write the results as JSON to this file (rank 0)");
   return t;
 }

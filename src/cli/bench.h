@@ -17,7 +17,7 @@ OptionTable option_table();
 nlohmann::json step(Options options);    // training steps on a random corpus: tokens/s, MFU, memory
 nlohmann::json comm(const Options& options);    // collectives' bus bandwidth over message sizes
 nlohmann::json memory(const Options& options);  // host and device copy bandwidth
-nlohmann::json io(const Options& options);      // corpus read bandwidth
+nlohmann::json io(const Options& options);      // corpus read and checkpoint write bandwidth
 
 // "1.5 GiB", "512 KiB": sizes a person reads at a glance.
 std::string format_bytes(double bytes);

@@ -1,16 +1,55 @@
 // bench io: how fast a corpus is read, in the loader's pattern (random samples of seq_len + 1
-// tokens, hyperslab reads) and front to back.
+// tokens, hyperslab reads) and front to back; and how fast a checkpoint is written, the way
+// training writes it (every rank its share, in the background), with how long training is blocked.
 #include <chrono>
 #include <cstdio>
 #include <random>
 
 #include "bench.h"
+#include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
+#include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/parallel_context.h"
 
 namespace dstrain::bench {
+
+namespace {
+
+// Writes bench.ckpt_mb of tensors as one checkpoint under ckpt.dir (then removes it); a row of `rows`.
+double checkpoint_write(const Options& o, nlohmann::json& rows) {
+  using Clock = std::chrono::steady_clock;
+  int world_size = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  ParallelContext parallel = ParallelContext::create(RankGrid(world_size, world_size, 1));
+  const std::string dir = o.get_string("ckpt.dir") + "/bench-io";
+  // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
+  // data-parallel ranks of a stage share its parameters and optimizer state.
+  const int64_t tensors = std::max<int64_t>(1, o.get_int("bench.ckpt_mb", 1) / 16);
+  NamedTensors datasets;
+  for (int64_t i = 0; i < tensors; ++i)
+    datasets.emplace_back("model/tensor." + std::to_string(i), torch::randn({4 << 20}));
+  const double bytes = static_cast<double>(tensors) * (16 << 20);
+  CheckpointWriter writer(dir, RetentionPolicy{1, 0}, parallel);
+  const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  const Clock::time_point start = Clock::now();
+  const double blocked = writer.begin(1, datasets, {}, CheckpointState{}, rng);
+  writer.finish();  // written, checksummed, synced, renamed
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-30s %10.1f MB/s %12s training blocked %.2f s of %.2f s",
+                "checkpoint write", bytes / seconds / 1e6, "", blocked, seconds);
+  log::info(line);
+  rows.push_back({{"write", "checkpoint"}, {"bytes", bytes}, {"seconds", seconds}, {"blocked_seconds", blocked},
+                  {"mbps", bytes / seconds / 1e6}, {"ranks", world_size}});
+  if (parallel.world_rank == 0) files::remove_tree(dir);
+  return bytes;
+}
+
+}  // namespace
 
 nlohmann::json io(const Options& o) {
   using Clock = std::chrono::steady_clock;
@@ -48,7 +87,10 @@ nlohmann::json io(const Options& o) {
   seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report("sequential, 1M-token reads", static_cast<double>(corpus.info().n_tokens * token_bytes), seconds,
          static_cast<double>(chunks));
-  return {{"bench", "io"}, {"corpus", path}, {"results", rows}};
+
+  const double written = checkpoint_write(o, rows);
+  return {{"bench", "io"}, {"corpus", path}, {"checkpoint_bytes", written}, {"results", rows}};
 }
+
 
 }  // namespace dstrain::bench
