@@ -92,3 +92,20 @@ TEST_F(GpuTraining, Fp16WithLossScalingTrains) {
   EXPECT_GT(records.back()["skipped_steps"].get<int64_t>(), 0);
   EXPECT_LT(records.back()["loss_scale"].get<double>(), 16777216.0);
 }
+
+// ZeRO-1 with bf16 on the GPU, two data-parallel ranks sharing it through the MPI backend (the
+// reduce-scatter and all-gather staged through host memory): within bf16's tolerance of the
+// unsharded fp32 CPU run.
+TEST_F(GpuTraining, Bf16ZeroOneOnOneGpuIsWithinBf16ToleranceOfTheCpu) {
+  std::string gpu = scratch_dir("gpu-bf16-zero1");
+  RunOutput run = train_tiny(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--train.precision", "bf16",
+                                      "--optim.zero", "1", "--comm.bucket_mb", "0.02", "--train.micro_batch", "1",
+                                      "--train.global_batch", "2"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("(ZeRO-1)"), std::string::npos) << run.output;
+  std::string cpu = scratch_dir("gpu-zero1-cpu-reference");
+  RunOutput reference = train_tiny(1, cpu, {"--train.device", "cpu", "--train.micro_batch", "1", "--train.global_batch", "2"});
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  expect_close_losses(gpu, cpu, 0.05);
+  expect_learns(gpu);
+}
