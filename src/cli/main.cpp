@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "ckpt.h"
+#include "model_info.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -35,6 +36,7 @@ const char* kUsage =
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
+    "  model   what a configuration costs: dstrain model info --config FILE [--ranks N] [--json]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -152,6 +154,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return bench_command(argc, argv, rest);
     if (command == "pipeline") return pipeline_command(rest);
     if (command == "ckpt") return ckpt_command(rest);
+    if (command == "model") return model_command(rest);
     throw Error(ExitCode::kUsage,
                 "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt; see dstrain --help)");
   } catch (const Error& e) {

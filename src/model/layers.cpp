@@ -55,17 +55,4 @@ torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
   return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
-  self_attn_ = register_module("self_attn", Attention(c));
-  mlp_ = register_module("mlp", SwiGLU(c.hidden_size, c.intermediate_size));
-  input_layernorm_ = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm_ =
-      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-}
-
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  torch::Tensor h = x + self_attn_(input_layernorm_(x), rope);
-  return h + mlp_(post_attention_layernorm_(h));
-}
-
 }  // namespace dstrain

@@ -17,7 +17,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
-    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.head_dim(), c.rope_theta, c.rope_interleave)) {
+    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave)) {
   // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
   rope_.cos = register_buffer("rope_cos", rope_.cos);
   rope_.sin = register_buffer("rope_sin", rope_.sin);
@@ -26,7 +26,7 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   // Layers keep their global index as their name, so a slice's names are the whole model's.
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
-    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c)));
+    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i)));
   register_module("layers", layers);
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -42,6 +42,13 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice) : conf
   if (slice.has_head)
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+}
+
+std::vector<MoE> CausalLMImpl::moe_layers() const {
+  std::vector<MoE> moe;
+  for (const DecoderLayer& layer : model_->layers())
+    if (layer->moe()) moe.push_back(layer->moe());
+  return moe;
 }
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
@@ -62,6 +69,10 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
   for (auto& [name, param] : sorted_parameters(model)) {
     if (ends_with(name, "norm.weight")) {
       param.fill_(1.0);
+      continue;
+    }
+    if (ends_with(name, "e_score_correction_bias")) {
+      param.zero_();
       continue;
     }
     bool output = ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight");

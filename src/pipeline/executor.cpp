@@ -1,6 +1,7 @@
 #include "dstrain/pipeline/executor.h"
 
 #include "dstrain/core/error.h"
+#include "dstrain/model/moe.h"
 
 namespace dstrain {
 
@@ -29,6 +30,11 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
                                     const torch::Tensor& loss_scale) {
   const bool training = schedule.kind != ScheduleKind::kForwardOnly;
   const torch::Device device = shape_.device;
+  if (training) {
+    // Auxiliary losses (MoE balance) get the gradient the main loss gets.
+    torch::Tensor factor = torch::full({}, 1.0 / loss_divisor, torch::dtype(torch::kFloat32).device(device));
+    set_auxiliary_loss_gradient_scale(loss_scale.defined() ? factor * loss_scale : factor);
+  }
   const int64_t seq = shape_.seq_len;
   const accel::Timestamp step_start = accel::Timestamp::now(device);
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(training ? torch::kFloat32 : torch::kFloat64).device(device));

@@ -72,8 +72,16 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
                        path + " was trained with " + std::to_string(s.seq_len) + "; keep it when resuming");
 }
 
-void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer) {
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
   torch::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    if (param.requires_grad()) continue;  // the optimizer's, below
+    const CheckpointReader::DatasetInfo* info = reader.find("model/" + name);
+    if (!info) throw Error(kCode, reader.path() + ": /model/" + name + " is missing (a checkpoint of another model?)");
+    if (info->shape != param.sizes().vec())
+      throw Error(kCode, reader.path() + ": /model/" + name + " has another shape than this model's");
+    param.copy_(reader.read("model/" + name));
+  }
   for (AdamW::State& s : optimizer.states()) {
     // The fp32 master when the checkpoint has one (a bf16/fp16 run), else the parameter itself.
     const std::string master = "optim/" + s.name + "/master";

@@ -113,7 +113,7 @@ OptionTable train_option_table() {
   return table;
 }
 
-TrainConfig read_train_config(Options& o, int world_size) {
+TrainConfig read_model_and_layout(Options& o, int world_size) {
   TrainConfig c;
   c.run.dir = o.get_string("run.dir");
   if (c.run.dir.empty()) throw config_error("run.dir", "", "give a directory for this run's files");
@@ -134,6 +134,11 @@ TrainConfig read_train_config(Options& o, int world_size) {
   if (c.optim.warmup_steps > c.optim.decay_steps)
     throw config_error("optim.warmup_steps", o.raw("optim.warmup_steps"),
                        "must not exceed optim.decay_steps (" + std::to_string(c.optim.decay_steps) + ")");
+  return c;
+}
+
+TrainConfig read_train_config(Options& o, int world_size) {
+  TrainConfig c = read_model_and_layout(o, world_size);
   c.data.train = o.get_string("data.train");
   if (c.data.train.empty())
     throw config_error("data.train", "", "give the training corpus (make one with `dstrain prep`)");

@@ -116,6 +116,9 @@ class Trainer {
 
  private:
   StepTensors train_step(int64_t step);
+  // MoE: the expert loads of the step, summed over the data-parallel ranks, update the
+  // balancing bias (noaux_tc) and the balance the metrics report.
+  void balance_experts();
   double evaluate();
   torch::Tensor next_batch(DataLoader& loader);
   uint64_t consumed_samples(int64_t step) const {
@@ -146,7 +149,11 @@ class Trainer {
   bool is_reporting_rank_;
   std::shared_ptr<const CorpusReader> train_corpus_, valid_corpus_;
   std::unique_ptr<PipelineExecutor> executor_;  // this stage's model chunks and schedule
+  std::vector<CausalLM> chunks_;                 // this stage's model chunks
   NamedTensors params_;                          // of every chunk of this stage
+  NamedTensors trainable_;                       // those the optimizer updates (not MoE's balancing bias)
+  std::vector<MoE> moe_layers_;                  // of every chunk of this stage
+  torch::Tensor expert_balance_;                 // the last step's max/mean expert load of each MoE layer
   std::unique_ptr<GradientBuffer> grads_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DynamicLossScaler> loss_scaler_;  // fp16 only
@@ -205,6 +212,11 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     chunks.push_back(model);
   }
   params_ = parameters_of(chunks);
+  for (const auto& [name, p] : params_)
+    if (p.requires_grad()) trainable_.emplace_back(name, p);
+  chunks_ = chunks;
+  for (const CausalLM& chunk : chunks)
+    for (const MoE& moe : chunk->moe_layers()) moe_layers_.push_back(moe);
   config_text_ = effective.to_ini();
   for (const LayerSlice& slice : slices)
     stage_layers_text_ += (stage_layers_text_.empty() ? "" : ",") + std::to_string(slice.last - slice.first);
@@ -221,10 +233,11 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
       *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, c.model.hidden_size, dtype, device});
   std::vector<torch::Tensor> use_order;  // chunk after chunk, each in the order it registered them
   for (const CausalLM& chunk : chunks)
-    for (const torch::Tensor& p : chunk->parameters()) use_order.push_back(p);
+    for (const torch::Tensor& p : chunk->parameters())
+      if (p.requires_grad()) use_order.push_back(p);
   wire_dtype_ = dtype_named(c.comm.grad_dtype);
   grads_ = std::make_unique<GradientBuffer>(
-      params_, use_order,
+      trainable_, use_order,
       GradientReduction{parallel.dp_group.get(), wire_dtype_, static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)),
                         c.comm.overlap, c.loop.grad_accum, /*shard=*/c.optim.zero == 1});
   optimizer_ = std::make_unique<AdamW>(
@@ -306,11 +319,34 @@ StepTensors Trainer::train_step(int64_t step) {
   optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
+  if (!moe_layers_.empty()) balance_experts();
   return {loss_sum, norm};
+}
+
+void Trainer::balance_experts() {
+  torch::NoGradGuard no_grad;
+  // The whole step's expert loads (every micro-batch, every data-parallel rank), in one
+  // reduction for all layers: the bias moves the same way on every rank.
+  std::vector<torch::Tensor> loads;
+  for (MoE& moe : moe_layers_) loads.push_back(moe->expert_load());
+  torch::Tensor all = torch::stack(loads);
+  parallel_.dp_group->all_reduce(all, ReduceOp::kSum);
+  for (size_t i = 0; i < moe_layers_.size(); ++i) moe_layers_[i]->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed);
+  expert_balance_ = std::get<0>(all.max(1)) / all.mean(1);
 }
 
 double Trainer::evaluate() {
   torch::NoGradGuard no_grad;
+  // Evaluation mode: MoE layers neither count expert loads nor add their balance loss.
+  struct EvalMode {
+    std::vector<CausalLM>& chunks;
+    explicit EvalMode(std::vector<CausalLM>& c) : chunks(c) {
+      for (CausalLM& chunk : chunks) chunk->eval();
+    }
+    ~EvalMode() {
+      for (CausalLM& chunk : chunks) chunk->train();
+    }
+  } eval_mode(chunks_);
   std::unique_ptr<DataLoader> loader;
   if (executor_->needs_batches()) {
     LoaderOptions options = loader_options_;
@@ -389,6 +425,15 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
     std::snprintf(text, sizeof text, " | bubble %.0f%%", 100 * idle.item<double>());
     extra += text;
   }
+  if (expert_balance_.defined()) {
+    // This stage's MoE layers: max/mean of the tokens their experts received in the last step
+    // (1 is perfect balance).
+    torch::Tensor balance = expert_balance_.to(torch::kCPU, torch::kFloat64);
+    std::vector<double> per_layer(balance.data_ptr<double>(), balance.data_ptr<double>() + balance.numel());
+    record["expert_load_max_over_mean"] = per_layer;
+    std::snprintf(text, sizeof text, " | expert load max/mean %.2f", *std::max_element(per_layer.begin(), per_layer.end()));
+    extra += text;
+  }
   if (loss_scaler_) {
     const int64_t skipped = static_cast<int64_t>(loss_scaler_->skipped_steps().item<float>());
     record["loss_scale"] = loss_scale;
@@ -438,7 +483,7 @@ void Trainer::resume_from(const std::string& path) {
   const CheckpointState& state = reader.state();
   check_resumable(reader, {model_shape_text(config_.model), config_.data.train, corpus_fingerprint_,
                            static_cast<uint64_t>(config_.loop.global_batch), static_cast<uint64_t>(config_.loop.seq_len)});
-  load_checkpoint(reader, *optimizer_);
+  load_checkpoint(reader, *optimizer_, params_);
   grads_->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (loss_scaler_ && state.loss_scale > 0)
     loss_scaler_->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);

@@ -40,7 +40,7 @@ inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weigh
 #if TORCH_VERSION_MAJOR >= 2
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 #else
-  torch::Tensor x32 = x.to(torch::kFloat32);
+  torch::Tensor x32 = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);  // at least fp32
   torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
 #endif

@@ -1,5 +1,5 @@
 // The building blocks of a dense DeepSeek-LLM decoder layer, named as in Hugging Face
-// checkpoints (self_attn.q_proj, mlp.gate_proj, input_layernorm, ...).
+// checkpoints (self_attn.q_proj, mlp.gate_proj, ...); MLA and MoE have files of their own.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -42,18 +42,5 @@ class SwiGLUImpl : public torch::nn::Module {
   torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(SwiGLU);
-
-// x + attn(norm(x)), then h + mlp(norm(h)).
-class DecoderLayerImpl : public torch::nn::Module {
- public:
-  explicit DecoderLayerImpl(const ModelConfig& config);
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
-
- private:
-  RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
-  Attention self_attn_{nullptr};
-  SwiGLU mlp_{nullptr};
-};
-TORCH_MODULE(DecoderLayer);
 
 }  // namespace dstrain

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dstrain/model/decoder_layer.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
@@ -22,6 +23,7 @@ class DecoderStackImpl : public torch::nn::Module {
   // ids [B, S] (int64) when the slice has the embedding, else hidden states [B, S, H]. Returns
   // hidden states, normalised when the slice has the head.
   torch::Tensor forward(const torch::Tensor& input);
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
 
  private:
   LayerSlice slice_;
@@ -39,6 +41,8 @@ class CausalLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input);
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
+  // The MoE layers of this slice (empty for a dense model).
+  std::vector<MoE> moe_layers() const;
 
  private:
   ModelConfig config_;
@@ -53,7 +57,8 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
 
 // Initialises every parameter from (seed, its global name) alone, so a parameter starts with the
 // same values whichever rank holds it and however the model is sliced: norms at one, the rest
-// normal(0, init_std), output projections (o_proj, down_proj) with std / sqrt(2 num_layers).
+// normal(0, init_std), output projections (o_proj, down_proj) with std / sqrt(2 num_layers), the
+// MoE balancing bias at zero.
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed);
 
 // Parameters by global name, sorted by name: the order every reduction and checksum uses.

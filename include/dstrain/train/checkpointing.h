@@ -38,6 +38,8 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 // Copies this rank's masters (or parameters), moments and step count from the checkpoint into
 // `optimizer` (only its shard of each, under ZeRO-1), and the rounded masters into the
 // parameters it updates. Under ZeRO-1 the caller then gathers the parameters.
-void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer);
+// `params`: every parameter of the rank; those the optimizer does not update (MoE's balancing
+// bias) are read from "model/<name>".
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params);
 
 }  // namespace dstrain

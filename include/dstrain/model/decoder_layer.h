@@ -1,0 +1,31 @@
+// One decoder layer: x + attention(input_layernorm(x)), then h + mlp(post_attention_layernorm(h)).
+// The attention is multi-head/grouped-query or Multi-head Latent Attention, the MLP dense
+// (SwiGLU) or DeepSeekMoE, as the configuration says for this layer.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include "dstrain/model/layers.h"
+#include "dstrain/model/mla.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/model/moe.h"
+#include "dstrain/model/rope.h"
+
+namespace dstrain {
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const ModelConfig& config, int64_t layer);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  MoE moe() const { return moe_; }  // null for a dense layer
+
+ private:
+  RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  Attention attention_{nullptr};
+  MultiHeadLatentAttention latent_attention_{nullptr};
+  SwiGLU mlp_{nullptr};
+  MoE moe_{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+}  // namespace dstrain

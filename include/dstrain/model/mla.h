@@ -1,0 +1,37 @@
+// Multi-head Latent Attention (DeepSeek-V2 §2.1, V3 §2.1.1), with Hugging Face's names.
+//
+//   queries  q_proj(x), or with q_lora_rank: q_b_proj(q_a_layernorm(q_a_proj(x)))
+//            per head: qk_nope_head_dim without position, qk_rope_head_dim rotated
+//   keys, values: kv_a_proj_with_mqa(x) = [latent (kv_lora_rank) | k_rope (qk_rope_head_dim)]
+//            kv_b_proj(kv_a_layernorm(latent)) = per head [k_nope | value (v_head_dim)]
+//            k_rope is rotated once and shared by every head (the "decoupled" RoPE key)
+//   softmax scale (qk_nope + qk_rope)^-0.5, times YaRN's mscale² when rope scaling is on
+//   output   o_proj(attention), heads × v_head_dim → hidden
+// In training the latent is expanded (as the reference implementation does); only inference
+// gains from absorbing kv_b_proj into the query and output projections.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include "dstrain/model/layers.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/model/rope.h"
+
+namespace dstrain {
+
+class MultiHeadLatentAttentionImpl : public torch::nn::Module {
+ public:
+  explicit MultiHeadLatentAttentionImpl(const ModelConfig& config);
+  // x [B, S, hidden]; `rope`: tables of qk_rope_head_dim.
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+
+ private:
+  int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
+  double scale_;
+  torch::nn::Linear q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};
+  RMSNorm q_a_layernorm_{nullptr}, kv_a_layernorm_{nullptr};
+  torch::nn::Linear kv_a_proj_with_mqa_{nullptr}, kv_b_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(MultiHeadLatentAttention);
+
+}  // namespace dstrain

@@ -1,0 +1,155 @@
+// dstrain model info --config FILE [--ranks N] [--json] [--section.key value ...]: parameters
+// (total and activated), training FLOPs per token, and the memory one rank needs for the
+// configured layout, from the configuration alone.
+#include "model_info.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "dstrain/core/error.h"
+#include "dstrain/model/flops.h"
+#include "dstrain/pipeline/partition.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+namespace {
+
+const char* kUsage =
+    "usage: dstrain model info --config FILE [--ranks N] [--json] [--section.key value ...]\n\n"
+    "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
+    "the configuration's layout on N ranks (default 1; parallel.pp and optim.zero as configured).\n";
+
+size_t element_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+
+// Activations one micro-batch keeps for the backward pass of one layer, per token, in elements:
+// the inputs of every matrix product and nonlinearity (Korthikanti et al. 2022's accounting,
+// with fused attention, which keeps no score matrix). An estimate: allocator slack comes on top.
+double activation_elements_per_token(const ModelConfig& c, int64_t layer) {
+  const double h = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_heads);
+  double attention = h /* norm input */ + h /* q/k/v input */ + heads * c.qk_head_dim() * 2 /* q, k */ +
+                     heads * c.value_head_dim() * 2 /* v, output */;
+  if (c.is_mla())
+    attention += static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim + c.q_lora_rank) * 2 +
+                 heads * (c.qk_nope_head_dim + c.v_head_dim);  // latents, normalised latents, kv_b output
+  double mlp = h /* norm input */ + h;
+  if (c.is_moe_layer(layer)) {
+    mlp += c.n_routed_experts /* router scores */ +
+           static_cast<double>(c.num_experts_per_tok) * (h + 3.0 * c.moe_intermediate_size) +
+           static_cast<double>(c.n_shared_experts) * 3.0 * c.moe_intermediate_size;
+  } else {
+    mlp += 3.0 * c.intermediate_size;  // gate, up, their product
+  }
+  return attention + mlp + 2 * h;  // the two residual sums
+}
+
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+std::string billions(double n) {
+  char text[32];
+  std::snprintf(text, sizeof text, n >= 1e9 ? "%.2fB" : "%.2fM", n >= 1e9 ? n / 1e9 : n / 1e6);
+  return text;
+}
+
+}  // namespace
+
+int model_command(const std::vector<std::string>& args_given) {
+  if (args_given.empty() || args_given[0] != "info" ||
+      std::find(args_given.begin(), args_given.end(), "--help") != args_given.end()) {
+    std::cout << kUsage;
+    return args_given.empty() || args_given[0] == "info" || args_given[0] == "--help" ? 0 : 2;
+  }
+  bool json = false;
+  int ranks = 1;
+  std::vector<std::string> args;
+  for (size_t i = 1; i < args_given.size(); ++i) {
+    if (args_given[i] == "--json") {
+      json = true;
+    } else if (args_given[i] == "--ranks") {
+      if (i + 1 == args_given.size()) throw config_error("--ranks", "", "expected a number of ranks");
+      try {
+        ranks = std::stoi(args_given[++i]);
+      } catch (const std::exception&) {
+        throw config_error("--ranks", args_given[i], "expected a number of ranks");
+      }
+      if (ranks < 1) throw config_error("--ranks", args_given[i], "expected at least 1");
+    } else {
+      args.push_back(args_given[i]);
+    }
+  }
+  OptionTable table = train_option_table();
+  ParsedCommandLine parsed = parse_command_line(table, args);
+  const TrainConfig config = read_model_and_layout(parsed.options, ranks);
+  const ModelConfig& m = config.model;
+  const ParameterCounts counts = count_parameters(m);
+  const int64_t seq = config.loop.seq_len;
+  const double flops = training_flops_per_token(m, seq);
+
+  // The most loaded pipeline stage (its chunks together) holds this many parameters.
+  const int pp = config.parallel.pp, chunks = config.parallel.virtual_stages, dp = config.parallel.dp;
+  const std::vector<LayerSlice> slices = partition_layers(m, seq, pp * chunks, config.parallel.stage_layers);
+  double stage_params = 0, stage_activations = 0;
+  for (int stage = 0; stage < pp; ++stage) {
+    double params = 0, activations = 0;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const LayerSlice& slice = slices[static_cast<size_t>(chunk * pp + stage)];
+      if (slice.has_embedding) params += static_cast<double>(m.vocab_size * m.hidden_size);
+      if (slice.has_head) params += static_cast<double>(m.vocab_size * m.hidden_size + m.hidden_size);
+      for (int64_t layer = slice.first; layer < slice.last; ++layer) {
+        params += static_cast<double>(layer_parameters(m, layer));
+        activations += activation_elements_per_token(m, layer);
+      }
+      if (slice.has_head) activations += static_cast<double>(m.vocab_size) * 2;  // logits and their softmax
+    }
+    stage_params = std::max(stage_params, params);
+    stage_activations = std::max(stage_activations, activations);
+  }
+  const size_t element = element_bytes(config.loop.precision);
+  const double param_bytes = stage_params * static_cast<double>(element);
+  const double grad_bytes = stage_params * 4;  // the fp32 gradient buffer
+  const double optimizer_bytes =
+      stage_params * (8.0 + (element == 4 ? 0.0 : 4.0)) / (config.optim.zero == 1 ? dp : 1);  // moments (+ masters)
+  const double activation_bytes =
+      stage_activations * static_cast<double>(config.loop.micro_batch * seq) * static_cast<double>(element);
+
+  nlohmann::json info = {
+      {"total_params", counts.total},
+      {"active_params", counts.active},
+      {"embedding_params", counts.embedding},
+      {"mtp_params", counts.mtp},
+      {"flops_per_token", flops},
+      {"seq_len", seq},
+      {"layout", {{"ranks", ranks}, {"dp", dp}, {"pp", pp}, {"virtual_stages", chunks}, {"zero", config.optim.zero}}},
+      {"precision", config.loop.precision},
+      {"memory_per_rank",
+       {{"parameters", param_bytes},
+        {"gradients", grad_bytes},
+        {"optimizer_state", optimizer_bytes},
+        {"activations_per_micro_batch", activation_bytes},
+        {"total", param_bytes + grad_bytes + optimizer_bytes + activation_bytes}}}};
+  if (json) {
+    std::cout << info.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("parameters       %s total, %s activated per token (input embedding left out)%s\n",
+              billions(static_cast<double>(counts.total)).c_str(), billions(static_cast<double>(counts.active)).c_str(),
+              counts.mtp > 0 ? (", + " + billions(static_cast<double>(counts.mtp)) + " in MTP modules").c_str() : "");
+  std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n", flops,
+              static_cast<long long>(seq));
+  std::printf("layout           %d rank(s): dp %d x pp %d%s, %s, micro_batch %lld\n", ranks, dp, pp,
+              config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
+              static_cast<long long>(config.loop.micro_batch));
+  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(param_bytes).c_str(),
+              gib(grad_bytes).c_str(), gib(optimizer_bytes).c_str());
+  std::printf("                 activations %s per micro-batch (estimate); total %s\n", gib(activation_bytes).c_str(),
+              gib(param_bytes + grad_bytes + optimizer_bytes + activation_bytes).c_str());
+  return 0;
+}
+
+}  // namespace dstrain

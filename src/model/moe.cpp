@@ -1,0 +1,137 @@
+#include "dstrain/model/moe.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+
+namespace dstrain {
+namespace {
+
+// The factor set_auxiliary_loss_gradient_scale gives (one per process: one model per rank).
+torch::Tensor& auxiliary_loss_scale() {
+  static torch::Tensor scale;
+  return scale;
+}
+
+// Identity on `output` forward; backward, the auxiliary loss receives the gradient scale.
+class AuxiliaryLossFunction : public torch::autograd::Function<AuxiliaryLossFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& output,
+                               const torch::Tensor& aux) {
+    ctx->save_for_backward({aux});
+    return output.view_as(output);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor aux = ctx->get_saved_variables()[0];
+    const torch::Tensor& scale = auxiliary_loss_scale();
+    torch::Tensor aux_grad = scale.defined() ? scale.to(aux.options()).expand_as(aux).clone() : torch::ones_like(aux);
+    return {grads[0], aux_grad};
+  }
+};
+
+}  // namespace
+
+void set_auxiliary_loss_gradient_scale(const torch::Tensor& scale) { auxiliary_loss_scale() = scale; }
+
+torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux) {
+  return AuxiliaryLossFunction::apply(output, aux);
+}
+
+Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, const ModelConfig& c) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  Routing r;
+  r.scores = c.scoring_func == "sigmoid" ? logits.sigmoid() : logits.softmax(-1);
+  {
+    torch::NoGradGuard no_grad;  // the choice itself is not differentiated; the weights are, below
+    torch::Tensor choice = bias.defined() ? r.scores + bias : r.scores.clone();
+    if (c.n_group > 1 && c.topk_method != "greedy") {
+      torch::Tensor grouped = choice.view({tokens, c.n_group, experts / c.n_group});
+      torch::Tensor group_score = c.topk_method == "noaux_tc" ? std::get<0>(grouped.topk(2, -1)).sum(-1)
+                                                               : std::get<0>(grouped.max(-1));
+      torch::Tensor best_groups = std::get<1>(group_score.topk(c.topk_group, -1));
+      torch::Tensor allowed = torch::zeros({tokens, c.n_group}, choice.options().dtype(torch::kBool))
+                                  .scatter_(1, best_groups, true)
+                                  .unsqueeze(-1)
+                                  .expand({tokens, c.n_group, experts / c.n_group})
+                                  .reshape({tokens, experts});
+      choice = choice.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    }
+    r.experts = std::get<1>(choice.topk(c.num_experts_per_tok, -1));
+  }
+  // Weights from the scores without the bias, and differentiable (the router learns through them).
+  r.weights = r.scores.gather(1, r.experts);
+  if (c.norm_topk_prob && c.num_experts_per_tok > 1) r.weights = r.weights / (r.weights.sum(-1, true) + 1e-20);
+  r.weights = r.weights * c.routed_scaling_factor;
+  return r;
+}
+
+torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c) {
+  const int64_t experts = r.scores.size(1), k = c.num_experts_per_tok;
+  const int64_t per_sequence = r.scores.size(0) / sequences;
+  // f: the share of the sequence's choices each expert got, scaled so that balance gives 1.
+  torch::Tensor counts = torch::zeros({sequences, experts}, r.scores.options())
+                             .scatter_add_(1, r.experts.view({sequences, per_sequence * k}),
+                                           torch::ones({sequences, per_sequence * k}, r.scores.options()));
+  torch::Tensor f = counts * (static_cast<double>(experts) / static_cast<double>(k * per_sequence));
+  torch::Tensor normalised = r.scores / r.scores.sum(-1, true);  // softmax scores already sum to 1
+  torch::Tensor p = normalised.view({sequences, per_sequence, experts}).mean(1);
+  return (f * p).sum(-1).mean() * c.aux_loss_alpha;
+}
+
+MoEImpl::MoEImpl(const ModelConfig& c) : config_(c) {
+  auto gate = register_module("gate", std::make_shared<torch::nn::Module>());
+  gate_weight_ = gate->register_parameter("weight", torch::empty({c.n_routed_experts, c.hidden_size}));
+  if (c.topk_method == "noaux_tc")  // state, not trained by gradients: a parameter without grad, so it is checkpointed
+    bias_ = gate->register_parameter("e_score_correction_bias", torch::zeros({c.n_routed_experts}),
+                                     /*requires_grad=*/false);
+  load_ = register_buffer("expert_load", torch::zeros({c.n_routed_experts}));
+  auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < c.n_routed_experts; ++i)
+    experts_.push_back(experts->register_module(std::to_string(i), SwiGLU(c.hidden_size, c.moe_intermediate_size)));
+  if (c.n_shared_experts > 0)
+    shared_experts_ = register_module("shared_experts",
+                                      SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts));
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2), k = config_.num_experts_per_tok;
+  torch::Tensor flat = x.reshape({batch * seq, hidden});
+  torch::Tensor logits = torch::nn::functional::linear(flat.to(torch::kFloat32), gate_weight_.to(torch::kFloat32));
+  Routing routing = route_tokens(logits, bias_, config_);
+
+  // Every (token, choice) pair, sorted by expert: each expert's tokens are one contiguous batch.
+  torch::Tensor expert_of = routing.experts.reshape({-1});
+  torch::Tensor order = expert_of.argsort();
+  torch::Tensor token_of = order.div(k, "floor");
+  torch::Tensor counts = torch::bincount(expert_of, {}, config_.n_routed_experts);
+  if (is_training()) {
+    torch::NoGradGuard no_grad;
+    load_ += counts.to(load_.scalar_type());
+  }
+  torch::Tensor inputs = flat.index_select(0, token_of);
+  torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
+  const torch::Tensor host_counts = counts.to(torch::kCPU);  // the batch sizes (one sync per layer)
+  const int64_t* count = host_counts.data_ptr<int64_t>();
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (int64_t e = 0; e < config_.n_routed_experts; ++e) {
+    if (count[e] == 0) continue;
+    outputs.push_back(experts_[static_cast<size_t>(e)](inputs.narrow(0, start, count[e])));
+    start += count[e];
+  }
+  torch::Tensor routed = torch::zeros_like(flat).index_add(0, token_of, torch::cat(outputs, 0) * weights);
+  torch::Tensor out = shared_experts_ ? routed + shared_experts_(flat) : routed;
+  out = out.view({batch, seq, hidden});
+  if (is_training() && config_.aux_loss_alpha > 0)
+    out = attach_auxiliary_loss(out, sequence_balance_loss(routing, batch, config_));
+  return out;
+}
+
+void MoEImpl::update_bias(const torch::Tensor& load, double gamma) {
+  torch::NoGradGuard no_grad;
+  if (bias_.defined()) bias_ += gamma * (load.mean() - load).sign().to(bias_.scalar_type());
+  load_.zero_();
+}
+
+}  // namespace dstrain

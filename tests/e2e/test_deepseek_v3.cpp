@@ -1,0 +1,103 @@
+// A DeepSeek-V3-shaped model (input/tiny-v3.ini: MLA, MoE with sigmoid group-limited routing,
+// the balancing bias and the balance loss) end to end on real mpirun ranks.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "dstrain/ckpt/parameter_file.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+RunOutput train_v3(int ranks, const std::string& run_dir, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                   "--run.dir", run_dir, "--data.train", test_corpus().train, "--data.valid",
+                                   test_corpus().valid, "--train.device", "cpu", "--train.micro_batch", "1",
+                                   "--train.global_batch", "8", "--ckpt.save_final", "true"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(ranks, args);
+}
+
+// The run on one rank, once per test process.
+const std::string& single_rank() {
+  static std::string dir = [] {
+    std::string d = scratch_dir("v3-one-rank-" + std::to_string(getpid()));
+    RunOutput run = train_v3(1, d, {"--ckpt.interval", "10"});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return d;
+  }();
+  return dir;
+}
+
+}  // namespace
+
+// DP 2 × PP 2 trains the same model as one rank: losses, the balance the metrics report, and the
+// final parameters (the balancing biases among them, updated from the whole batch's loads).
+TEST(DeepSeekV3, DataAndPipelineParallelMatchOneRank) {
+  std::string dir = scratch_dir("v3-dp2-pp2");
+  RunOutput run = train_v3(4, dir, {"--parallel.pp", "2"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto mine = train_records(dir), reference = train_records(single_rank());
+  ASSERT_EQ(mine.size(), 20u);
+  ASSERT_EQ(reference.size(), 20u);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_NEAR(mine[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+    ASSERT_TRUE(reference[i].contains("expert_load_max_over_mean"));
+    EXPECT_EQ(reference[i]["expert_load_max_over_mean"].size(), 2u);  // layers 1 and 2 are MoE layers
+    EXPECT_GE(reference[i]["expert_load_max_over_mean"][0].get<double>(), 1.0);
+  }
+  EXPECT_LT(reference.back()["loss"].get<double>(), reference.front()["loss"].get<double>() - 0.5);
+
+  dstrain::NamedTensors a = dstrain::read_parameter_file(dir + "/final_model.h5");
+  dstrain::NamedTensors b = dstrain::read_parameter_file(single_rank() + "/final_model.h5");
+  ASSERT_EQ(a.size(), b.size());
+  bool bias_moved = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_LT((a[i].second - b[i].second).abs().max().item<float>(), 1e-5) << a[i].first;
+    if (a[i].first.find("e_score_correction_bias") != std::string::npos)
+      bias_moved = bias_moved || a[i].second.abs().max().item<float>() > 0;
+  }
+  EXPECT_TRUE(bias_moved);
+}
+
+// Resumed from its step-10 checkpoint, the run ends bitwise where it ended without stopping:
+// the balancing biases travel in the checkpoint.
+TEST(DeepSeekV3, ResumesBitwiseWithItsBalancingBias) {
+  std::string dir = scratch_dir("v3-resumed");
+  RunOutput run = train_v3(1, dir, {"--ckpt.resume", single_rank() + "/checkpoints/step_00000010.h5"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(read_json(dir + "/summary.json")["param_digest"], read_json(single_rank() + "/summary.json")["param_digest"]);
+}
+
+// dstrain model info: the counts of the configuration, and memory per rank that follows the layout.
+TEST(ModelInfo, ReportsCountsFlopsAndMemoryPerRank) {
+  const std::string v3 = std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3.ini";
+  auto info = [&](const std::string& zero) {
+    RunOutput run = run_dstrain(0, {"model", "info", "--config", v3, "--json", "--ranks", "16", "--parallel.pp", "2",
+                                    "--optim.zero", zero, "--train.precision", "bf16"});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return nlohmann::json::parse(run.output);
+  };
+  const nlohmann::json plain = info("0"), sharded = info("1");
+  EXPECT_NEAR(plain["total_params"].get<double>() / 671e9, 1.0, 0.005);
+  EXPECT_NEAR(plain["active_params"].get<double>() / 37e9, 1.0, 0.03);
+  EXPECT_GT(plain["flops_per_token"].get<double>(), 6.0 * plain["active_params"].get<double>() * 0.9);
+  EXPECT_EQ(plain["layout"]["dp"], 8);
+  // bf16 parameters, fp32 gradients, fp32 masters and moments; ZeRO-1 divides the last by dp.
+  const nlohmann::json& m = plain["memory_per_rank"];
+  EXPECT_DOUBLE_EQ(m["gradients"].get<double>(), 2 * m["parameters"].get<double>());
+  EXPECT_DOUBLE_EQ(m["optimizer_state"].get<double>(), 6 * m["parameters"].get<double>());
+  EXPECT_DOUBLE_EQ(sharded["memory_per_rank"]["optimizer_state"].get<double>(), m["optimizer_state"].get<double>() / 8);
+  // One stage holds about half the model.
+  EXPECT_NEAR(m["parameters"].get<double>() / (2 * plain["total_params"].get<double>()), 0.5, 0.05);
+
+  RunOutput text = run_dstrain(0, {"model", "info", "--config", v3});
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("671.03B total, 36.63B activated per token"), std::string::npos) << text.output;
+  RunOutput bad = run_dstrain(0, {"model", "info", "--config", v3, "--model.n_group", "7"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("model.n_group = 7: must divide model.n_routed_experts = 256"), std::string::npos) << bad.output;
+}
