@@ -35,6 +35,7 @@
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/metrics.h"
 #include "dstrain/train/signals.h"
+#include "dstrain/train/tensorboard.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -156,6 +157,7 @@ class Trainer {
   LoaderOptions loader_options_;
   std::unique_ptr<DataLoader> loader_;  // on the stages that need tokens (first, last)
   MetricsLog metrics_;
+  TensorBoardLog tensorboard_;  // the same records as metrics_, for TensorBoard
   std::string summary_path_;
   double flops_per_token_;
   double peak_flops_;  // of all devices together; 0: unknown
@@ -271,6 +273,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
       throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
     write_text_file(c.run.dir + "/config.ini", effective.to_ini());
     metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl", start_step_);
+    tensorboard_ = TensorBoardLog(c.run.dir, start_step_);
     summary_path_ = c.run.dir + "/summary.json";
   }
 }
@@ -403,6 +406,7 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                 format_duration(mean_step_seconds * static_cast<double>(steps - step)).c_str());
   log::info(line);
   metrics_.write(record);
+  tensorboard_.write(record);
   return {loss_value, seconds, tokens};
 }
 
@@ -546,8 +550,10 @@ TrainResult Trainer::run() {
         result.final_eval_loss = evaluate();
         log::info("eval at step ", step, " | loss ", result.final_eval_loss, " | perplexity ",
                   std::exp(result.final_eval_loss));
-        metrics_.write({{"step", step}, {"eval_loss", result.final_eval_loss},
-                        {"eval_ppl", std::exp(result.final_eval_loss)}});
+        const nlohmann::json record = {{"step", step}, {"eval_loss", result.final_eval_loss},
+                                       {"eval_ppl", std::exp(result.final_eval_loss)}};
+        metrics_.write(record);
+        tensorboard_.write(record);
       }
     }
     // The step boundary: a finished background save completes; a signal stops the run here.
