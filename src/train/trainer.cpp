@@ -33,6 +33,7 @@
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/train/checkpointing.h"
+#include "dstrain/train/evaluation.h"
 #include "dstrain/train/metrics.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/tensorboard.h"
@@ -254,16 +255,15 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   if (executor_->needs_batches())
     loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/start_step_);
   if (valid_corpus_) {
-    uint64_t available = samples_in_corpus(valid_corpus_->info().n_tokens, c.loop.seq_len) /
-                         static_cast<uint64_t>(c.loop.global_batch);
+    const int64_t available = global_batches_in(*valid_corpus_, c.loop.seq_len, c.loop.global_batch);
     if (available == 0)
       throw data_error(c.data.valid + ": too small for one global batch of " +
                        std::to_string(c.loop.global_batch) + " sequences of " +
                        std::to_string(c.loop.seq_len + 1) + " tokens");
-    if (available < static_cast<uint64_t>(c.loop.eval_batches)) {
+    if (available < c.loop.eval_batches) {
       log::warning("train.eval_batches = ", c.loop.eval_batches, ": ", c.data.valid, " holds only ",
                    available, " global batches; evaluating on those");
-      config_.loop.eval_batches = static_cast<int64_t>(available);
+      config_.loop.eval_batches = available;
     }
   }
 
@@ -311,29 +311,8 @@ StepTensors Trainer::train_step(int64_t step) {
 }
 
 double Trainer::evaluate() {
-  torch::NoGradGuard no_grad;
-  std::unique_ptr<DataLoader> loader;
-  if (executor_->needs_batches()) {
-    LoaderOptions options = loader_options_;
-    options.shuffle = false;  // the same sequences every time, whatever the step
-    loader = std::make_unique<DataLoader>(valid_corpus_, options, /*start_step=*/0);
-  }
-  torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(placement_.device));
-  for (int64_t b = 0; b < config_.loop.eval_batches; ++b) {
-    std::vector<torch::Tensor> batches;
-    auto batch = [&](int microbatch) {
-      if (batches.empty())
-        for (int64_t i = 0; i < config_.loop.grad_accum; ++i) batches.push_back(next_batch(*loader));
-      return batches[static_cast<size_t>(microbatch)];
-    };
-    total += executor_->evaluate(batch);
-  }
-  // The losses are on the last stage: the sum over the stages brings them to every stage.
-  parallel_.pp_group->all_reduce(total, ReduceOp::kSum);
-  torch::Tensor mean = total / static_cast<double>(config_.loop.eval_batches * config_.loop.grad_accum);
-  parallel_.dp_group->all_reduce(mean, ReduceOp::kAvg);
-  parallel_.dp_group->synchronize();
-  return mean.item<double>();
+  return evaluate_loss(*executor_, valid_corpus_, loader_options_, config_.loop.eval_batches, parallel_,
+                       placement_.device);
 }
 
 LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
