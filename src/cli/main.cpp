@@ -20,6 +20,7 @@
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
+#include "dstrain/train/system_report.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -53,6 +54,7 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   }
   MpiSession mpi(&argc, &argv);
   log::configure(mpi.world_rank(), mpi.world_size(), false);
+  if (mpi.world_rank() == 0) log::info(system_report());
   const TrainResult result = run_training(parsed.options);
   return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
 }

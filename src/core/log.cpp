@@ -1,6 +1,10 @@
 #include "dstrain/core/log.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace dstrain::log {
@@ -9,14 +13,29 @@ namespace {
 int g_rank = 0, g_world_size = 1;
 bool g_all_ranks = false;
 std::mutex g_mutex;  // the prefetch thread may log too
+std::string g_status;  // the live line on the terminal, "" when there is none
+
+// "\r" returns to the line's start, "ESC [K" erases to its end: the status line disappears.
+void erase_status() {
+  if (!g_status.empty()) std::fputs("\r\033[K", stdout);
+}
+
+void draw_status() {
+  if (g_status.empty()) return;
+  std::fputs(g_status.c_str(), stdout);
+  std::fflush(stdout);
+}
 
 void emit(FILE* stream, const char* level, const std::string& line, bool force) {
   if (!force && !is_printing_rank()) return;
   std::lock_guard<std::mutex> lock(g_mutex);
+  erase_status();
+  std::fflush(stdout);
   // Which rank speaks matters only when there are several.
   if ((g_all_ranks || force) && g_world_size > 1) std::fprintf(stream, "[rank %d] ", g_rank);
   std::fprintf(stream, "%s%s\n", level, line.c_str());
   std::fflush(stream);
+  draw_status();
 }
 
 }  // namespace
@@ -28,6 +47,23 @@ void configure(int world_rank, int world_size, bool all_ranks) {
 }
 
 bool is_printing_rank() { return g_all_ranks || g_rank == 0; }
+
+bool stdout_is_terminal() {
+  static const bool terminal = [] {
+    const char* term = std::getenv("TERM");
+    return isatty(STDOUT_FILENO) == 1 && !(term && std::strcmp(term, "dumb") == 0);
+  }();
+  return terminal;
+}
+
+void set_status(const std::string& line) {
+  if (g_rank != 0 || !stdout_is_terminal()) return;  // one bar per job, also with log.all_ranks
+  std::lock_guard<std::mutex> lock(g_mutex);
+  erase_status();
+  g_status = line;
+  if (line.empty()) std::fflush(stdout);
+  draw_status();
+}
 
 void write_info(const std::string& line) { emit(stdout, "", line, false); }
 void write_warning(const std::string& line) { emit(stderr, "warning: ", line, false); }

@@ -35,6 +35,7 @@
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/metrics.h"
+#include "dstrain/train/progress.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/tensorboard.h"
 #include "dstrain/train/train_config.h"
@@ -512,10 +513,12 @@ TrainResult Trainer::run() {
     result.steps = start_step_;
     return result;
   }
+  ProgressLine progress(start_step_, steps, static_cast<double>(config_.loop.global_batch * config_.loop.seq_len));
   for (int64_t step = start_step_ + 1; step <= steps; ++step) {
     inject_fault(step);
     StepTensors tensors = train_step(step);
     ++interval.steps;
+    progress.step_done(step);
     const bool log_due = step % config_.log.interval == 0 || step == steps;
     if (log_due) {
       LoggedInterval logged = log_interval(step, tensors, interval, trained_seconds);
