@@ -16,6 +16,7 @@
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/train_config.h"
@@ -44,6 +45,10 @@ const char* kUsage =
 
 int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
+  if (std::find(args.begin(), args.end(), "--help-markdown") != args.end()) {
+    std::cout << option_reference_markdown(table);  // README's configuration reference
+    return 0;
+  }
   ParsedCommandLine parsed = parse_command_line(table, args);
   if (parsed.help_requested) {
     std::cout << "usage: [mpirun -np N] dstrain train [--config FILE.ini] [--section.key value ...]\n\n"
