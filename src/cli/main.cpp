@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "ckpt.h"
 #include "eval.h"
+#include "generate.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -39,6 +40,7 @@ const char* kUsage =
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
     "  eval    loss and perplexity of a checkpoint: [mpirun -np N] dstrain eval --ckpt CKPT --data CORPUS\n"
+    "  generate  continue a text with a checkpoint's model: dstrain generate --ckpt CKPT --prompt TEXT\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -162,8 +164,9 @@ int main(int argc, char** argv) {
     if (command == "pipeline") return pipeline_command(rest);
     if (command == "ckpt") return ckpt_command(rest);
     if (command == "eval") return eval_command(argc, argv, rest);
+    if (command == "generate") return generate_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, eval; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, eval, generate; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());
