@@ -13,6 +13,7 @@
 #include "ckpt.h"
 #include "eval.h"
 #include "generate.h"
+#include "plot.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -41,6 +42,7 @@ const char* kUsage =
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
     "  eval    loss and perplexity of a checkpoint: [mpirun -np N] dstrain eval --ckpt CKPT --data CORPUS\n"
     "  generate  continue a text with a checkpoint's model: dstrain generate --ckpt CKPT --prompt TEXT\n"
+    "  plot    PNG charts of runs (overlaid): dstrain plot RUN_DIR... [--output DIR]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
@@ -165,8 +167,9 @@ int main(int argc, char** argv) {
     if (command == "ckpt") return ckpt_command(rest);
     if (command == "eval") return eval_command(argc, argv, rest);
     if (command == "generate") return generate_command(rest);
+    if (command == "plot") return plot_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, eval, generate; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, eval, generate, plot; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());
