@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 namespace dstrain::log {
 namespace {
@@ -48,10 +49,23 @@ void configure(int world_rank, int world_size, bool all_ranks) {
 
 bool is_printing_rank() { return g_all_ranks || g_rank == 0; }
 
+// Open MPI gives the ranks it starts a pseudo-terminal as standard output even when mpirun's own
+// output goes to a file; then what mpirun writes to decides. It starts the ranks of its node
+// itself, so on Linux that is its parent's standard output.
+bool launcher_writes_to_terminal() {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return true;  // not started by Open MPI's mpirun
+  char target[256];
+  const std::string link = "/proc/" + std::to_string(getppid()) + "/fd/1";
+  const ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;  // cannot tell: no control characters, to be safe
+  const std::string path(target, static_cast<size_t>(n));
+  return path.rfind("/dev/pts/", 0) == 0 || path.rfind("/dev/tty", 0) == 0;
+}
+
 bool stdout_is_terminal() {
   static const bool terminal = [] {
     const char* term = std::getenv("TERM");
-    return isatty(STDOUT_FILENO) == 1 && !(term && std::strcmp(term, "dumb") == 0);
+    return isatty(STDOUT_FILENO) == 1 && !(term && std::strcmp(term, "dumb") == 0) && launcher_writes_to_terminal();
   }();
   return terminal;
 }

@@ -48,6 +48,20 @@ TEST(Progress, TerminalGetsALiveLineAndFilesGetPlainLines) {
     EXPECT_NE(to_file.output.find(step), std::string::npos) << step << "\n" << to_file.output;
 }
 
+TEST(Progress, UnderMpirunTheLaunchersOutputDecides) {
+  // Open MPI gives its ranks a pseudo-terminal even when mpirun writes to a pipe or a file.
+  const std::string dir = scratch_dir("progress-mpirun");
+  RunOutput to_pipe = run_dstrain(2, train_args(dir));
+  ASSERT_EQ(to_pipe.exit_code, 0) << to_pipe.output;
+  EXPECT_EQ(to_pipe.output.find('\033'), std::string::npos) << to_pipe.output;
+  EXPECT_NE(to_pipe.output.find("step 30/30"), std::string::npos) << to_pipe.output;
+  std::string command = std::string(MPIEXEC) + " -np 2 --oversubscribe " + DSTRAIN_EXE;
+  for (const std::string& arg : train_args(dir)) command += " '" + arg + "'";
+  const std::string on_terminal = command_output("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TERM=xterm "
+                                                 "script -qefc \"" + command + "\" /dev/null");
+  EXPECT_TRUE(std::regex_search(on_terminal, std::regex(R"(\[#+-*\] +\d+/30 \| [\d,]+ tok/s \| ETA )"))) << on_terminal;
+}
+
 TEST(Progress, StartupReportsHardwareAndLibraryVersions) {
   RunOutput run = run_dstrain(2, train_args(scratch_dir("report")));
   ASSERT_EQ(run.exit_code, 0) << run.output;
