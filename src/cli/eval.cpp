@@ -12,6 +12,7 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/train/agreed_phase.h"
 #include "dstrain/train/checkpoint_evaluation.h"
 #include "dstrain/train/train_config.h"
 
@@ -52,16 +53,13 @@ int eval_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
   std::string checkpoint;
   Options options;
-  try {  // every rank reads the same files: rank 0 alone reports what is wrong with them
+  agreed_phase(mpi.world_rank(), [&] {  // every rank reads the checkpoint; one reports its faults
     checkpoint = resolve_resume(parsed.own.at("ckpt"), "");
     if (checkpoint.empty()) throw Error(ExitCode::kCheckpoint, "--ckpt none: give a checkpoint file or directory");
     std::vector<std::string> overrides = {"--data.train=" + corpus, "--data.valid=" + corpus};
     overrides.insert(overrides.end(), parsed.overrides.begin(), parsed.overrides.end());
     options = checkpoint_options(table, checkpoint, overrides);
-  } catch (const Error& e) {
-    if (mpi.world_rank() == 0) throw;
-    throw Error(e.code(), "");
-  }
+  });
   const CheckpointEvaluation result = evaluate_checkpoint(options, checkpoint, corpus, batches);
   if (mpi.world_rank() != 0) return 0;
   char line[512];

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <optional>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/error.h"
@@ -16,6 +15,7 @@
 #include "dstrain/model/transformer.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
+#include "dstrain/train/agreed_phase.h"
 #include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/evaluation.h"
@@ -30,18 +30,6 @@ torch::ScalarType dtype_named(const std::string& name) {
   return torch::kFloat32;
 }
 
-// Runs a phase in which every rank fails alike or not at all (configuration, files every rank
-// reads): rank 0 alone reports, so that the user reads one message, not one per rank.
-template <typename Phase>
-void reported_once(int world_rank, Phase&& phase) {
-  try {
-    phase();
-  } catch (const Error& e) {
-    if (world_rank == 0) throw;
-    throw Error(e.code(), "");  // rank 0 says it
-  }
-}
-
 }  // namespace
 
 CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& checkpoint, const std::string& corpus_path,
@@ -53,7 +41,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   TrainConfig c;
   std::unique_ptr<CheckpointReader> reader;
   std::shared_ptr<const CorpusReader> corpus;
-  reported_once(world_rank, [&] {
+  agreed_phase(world_rank, [&] {
     c = read_train_config(options, world_size);
     reader = std::make_unique<CheckpointReader>(checkpoint);
     if (reader->state().model_shape != model_shape_text(c.model))
@@ -76,7 +64,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   torch::set_num_threads(c.loop.threads);
   DevicePlacement placement;
   std::string backend;
-  reported_once(world_rank, [&] {
+  agreed_phase(world_rank, [&] {
     placement = place_rank(c.loop.device);
     backend = resolve_backend(c.comm.backend, placement.device);
   });
@@ -100,7 +88,8 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
     for (auto& named : sorted_parameters(*model)) params.push_back(named);
     chunks.push_back(model);
   }
-  load_model_parameters(*reader, params);
+  // This stage's tensors only: a damaged one is found by this rank alone.
+  agreed_phase(world_rank, [&] { load_model_parameters(*reader, params); });
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   const ScheduleKind kind = schedule_kind_named(c.parallel.schedule);
   PipelineExecutor executor(make_schedule(kind, pp, chunks_per_stage, microbatches),
@@ -117,7 +106,17 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   loader.pin_memory = placement.device.is_cuda();
 
   CheckpointEvaluation result;
-  result.loss = evaluate_loss(executor, corpus, loader, batches, parallel, placement.device);
+  try {
+    result.loss = evaluate_loss(executor, corpus, loader, batches, parallel, placement.device);
+  } catch (const std::exception& e) {
+    // An error now (a bad token in the corpus, a timeout) is this rank's alone and the others
+    // are inside collectives: say what happened and end the job, as training does.
+    if (world_size == 1) throw;
+    const Error* error = dynamic_cast<const Error*>(&e);
+    log::error(e.what());
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(error ? error->code() : ExitCode::kInternal));
+    throw;
+  }
   result.perplexity = std::exp(result.loss);
   result.checkpoint = reader->path();
   result.corpus = corpus_path;

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <mutex>
 
+#include "dstrain/core/h5.h"
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;
@@ -31,6 +34,29 @@ nlohmann::json eval(int ranks, const std::string& ckpt, std::vector<std::string>
   if (output) *output = run;
   EXPECT_EQ(run.exit_code, 0) << run.output;
   return run.exit_code == 0 ? read_json(json) : nlohmann::json();
+}
+
+// The byte at the middle of a dataset's data, flipped in place (as in test_checkpoint.cpp).
+void flip_a_byte(const std::string& file, const std::string& dataset) {
+  haddr_t offset = 0;
+  hsize_t size = 0;
+  {
+    std::lock_guard<std::recursive_mutex> lock(dstrain::h5::h5_mutex());
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    offset = H5Dget_offset(d);
+    size = H5Dget_storage_size(d);
+    ASSERT_GE(H5Dclose(d), 0);
+    ASSERT_GE(H5Fclose(f), 0);
+  }
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset + size / 2));
+  char byte = 0;
+  io.get(byte);
+  io.seekp(static_cast<std::streamoff>(offset + size / 2));
+  io.put(static_cast<char>(byte ^ 0x10));
 }
 
 }  // namespace
@@ -92,4 +118,21 @@ TEST(Eval, BadInputIsOneClearError) {
                                        test_corpus().valid, "--batches", "1000000", "--train.device", "cpu"});
   EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
   EXPECT_EQ(too_many.output.find("[rank 1]"), std::string::npos) << "reported once: " << too_many.output;
+}
+
+TEST(Eval, DamagedTensorOfOneStageEndsEveryRankWithOneMessage) {
+  // lm_head.weight is read only by the last of two pipeline stages (rank 1): the other rank must
+  // not wait for it, and the job ends with the checkpoint exit code, naming the tensor.
+  const std::string damaged = scratch_dir("eval-damaged") + "/damaged.h5";
+  {
+    std::ifstream in(trained_run() + "/checkpoints/step_00000020.h5", std::ios::binary);
+    std::ofstream out(damaged, std::ios::binary);
+    out << in.rdbuf();
+  }
+  flip_a_byte(damaged, "/model/lm_head.weight");
+  RunOutput run = run_dstrain(2, {"eval", "--ckpt", damaged, "--data", test_corpus().valid, "--train.device", "cpu",
+                                  "--parallel.pp", "2", "--comm.timeout_s", "60"});
+  EXPECT_EQ(run.exit_code, 4) << run.output;
+  EXPECT_NE(run.output.find("lm_head.weight"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("did not finish"), std::string::npos) << "no timeout: " << run.output;
 }
