@@ -23,7 +23,8 @@ struct CommandArgs {
 CommandArgs split_command_args(const std::vector<std::string>& args, const std::set<std::string>& own,
                                const std::string& command);
 
-// The number `--name` gives, at least `min_value`; `fallback` when not given. Throws Error(kUsage).
+// The number `--name` gives, checked to lie in [min_value, max_value] (and to be whole when
+// `integer`); `fallback` when not given. Throws Error(kUsage) naming the option and its value.
 double number_option(const CommandArgs& args, const std::string& name, double fallback, double min_value,
                      double max_value, bool integer);
 
