@@ -14,6 +14,8 @@ packages=(
   nlohmann-json3-dev                # JSONL corpora and metrics
   libgtest-dev                      # unit tests
   base-files                        # /usr/share/common-licenses: the demo corpus text
+  python3                           # tests/tools/read_tfevents.py, an independent reader of TensorBoard files
+  gnuplot-nox                       # dstrain plot draws its PNG charts with gnuplot (pngcairo)
 )
 if [[ ${1:-} == --with-tests ]]; then
   packages+=(slurm-wlm slurmctld slurmd slurm-client munge libpmix-dev  # Slurm for jobs/ (srun --mpi=pmix)

@@ -12,14 +12,19 @@
 #include "bench.h"
 #include "ckpt.h"
 #include "model_info.h"
+#include "eval.h"
+#include "generate.h"
+#include "plot.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
+#include "dstrain/train/system_report.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -37,12 +42,19 @@ const char* kUsage =
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
     "  model   what a configuration costs: dstrain model info --config FILE [--ranks N] [--json]\n"
+    "  eval    loss and perplexity of a checkpoint: [mpirun -np N] dstrain eval --ckpt CKPT --data CORPUS\n"
+    "  generate  continue a text with a checkpoint's model: dstrain generate --ckpt CKPT --prompt TEXT\n"
+    "  plot    PNG charts of runs (overlaid): dstrain plot RUN_DIR... [--output DIR]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
 
 int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
+  if (std::find(args.begin(), args.end(), "--help-markdown") != args.end()) {
+    std::cout << option_reference_markdown(table);  // README's configuration reference
+    return 0;
+  }
   ParsedCommandLine parsed = parse_command_line(table, args);
   if (parsed.help_requested) {
     std::cout << "usage: [mpirun -np N] dstrain train [--config FILE.ini] [--section.key value ...]\n\n"
@@ -53,6 +65,7 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   }
   MpiSession mpi(&argc, &argv);
   log::configure(mpi.world_rank(), mpi.world_size(), false);
+  if (mpi.world_rank() == 0) log::info(system_report());
   const TrainResult result = run_training(parsed.options);
   return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
 }
@@ -155,8 +168,11 @@ int main(int argc, char** argv) {
     if (command == "pipeline") return pipeline_command(rest);
     if (command == "ckpt") return ckpt_command(rest);
     if (command == "model") return model_command(rest);
+    if (command == "eval") return eval_command(argc, argv, rest);
+    if (command == "generate") return generate_command(rest);
+    if (command == "plot") return plot_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, model, eval, generate, plot; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());

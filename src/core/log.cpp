@@ -1,7 +1,12 @@
 #include "dstrain/core/log.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 
 namespace dstrain::log {
 namespace {
@@ -9,14 +14,29 @@ namespace {
 int g_rank = 0, g_world_size = 1;
 bool g_all_ranks = false;
 std::mutex g_mutex;  // the prefetch thread may log too
+std::string g_status;  // the live line on the terminal, "" when there is none
+
+// "\r" returns to the line's start, "ESC [K" erases to its end: the status line disappears.
+void erase_status() {
+  if (!g_status.empty()) std::fputs("\r\033[K", stdout);
+}
+
+void draw_status() {
+  if (g_status.empty()) return;
+  std::fputs(g_status.c_str(), stdout);
+  std::fflush(stdout);
+}
 
 void emit(FILE* stream, const char* level, const std::string& line, bool force) {
   if (!force && !is_printing_rank()) return;
   std::lock_guard<std::mutex> lock(g_mutex);
+  erase_status();
+  std::fflush(stdout);
   // Which rank speaks matters only when there are several.
   if ((g_all_ranks || force) && g_world_size > 1) std::fprintf(stream, "[rank %d] ", g_rank);
   std::fprintf(stream, "%s%s\n", level, line.c_str());
   std::fflush(stream);
+  draw_status();
 }
 
 }  // namespace
@@ -28,6 +48,36 @@ void configure(int world_rank, int world_size, bool all_ranks) {
 }
 
 bool is_printing_rank() { return g_all_ranks || g_rank == 0; }
+
+// Open MPI gives the ranks it starts a pseudo-terminal as standard output even when mpirun's own
+// output goes to a file; then what mpirun writes to decides. It starts the ranks of its node
+// itself, so on Linux that is its parent's standard output.
+bool launcher_writes_to_terminal() {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return true;  // not started by Open MPI's mpirun
+  char target[256];
+  const std::string link = "/proc/" + std::to_string(getppid()) + "/fd/1";
+  const ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;  // cannot tell: no control characters, to be safe
+  const std::string path(target, static_cast<size_t>(n));
+  return path.rfind("/dev/pts/", 0) == 0 || path.rfind("/dev/tty", 0) == 0;
+}
+
+bool stdout_is_terminal() {
+  static const bool terminal = [] {
+    const char* term = std::getenv("TERM");
+    return isatty(STDOUT_FILENO) == 1 && !(term && std::strcmp(term, "dumb") == 0) && launcher_writes_to_terminal();
+  }();
+  return terminal;
+}
+
+void set_status(const std::string& line) {
+  if (g_rank != 0 || !stdout_is_terminal()) return;  // one bar per job, also with log.all_ranks
+  std::lock_guard<std::mutex> lock(g_mutex);
+  erase_status();
+  g_status = line;
+  if (line.empty()) std::fflush(stdout);
+  draw_status();
+}
 
 void write_info(const std::string& line) { emit(stdout, "", line, false); }
 void write_warning(const std::string& line) { emit(stderr, "warning: ", line, false); }

@@ -30,6 +30,9 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
                                     const torch::Tensor& loss_scale) {
   const bool training = schedule.kind != ScheduleKind::kForwardOnly;
   const torch::Device device = shape_.device;
+  // Training or evaluation mode (MoE layers count expert loads and add their balance loss in
+  // training only).
+  for (CausalLM& chunk : chunks_) chunk->train(training);
   if (training) {
     // Auxiliary losses (MoE balance) get the gradient the main loss gets.
     torch::Tensor factor = torch::full({}, 1.0 / loss_divisor, torch::dtype(torch::kFloat32).device(device));

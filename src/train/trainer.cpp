@@ -33,8 +33,11 @@
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/train/checkpointing.h"
+#include "dstrain/train/evaluation.h"
 #include "dstrain/train/metrics.h"
+#include "dstrain/train/progress.h"
 #include "dstrain/train/signals.h"
+#include "dstrain/train/tensorboard.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -149,7 +152,6 @@ class Trainer {
   bool is_reporting_rank_;
   std::shared_ptr<const CorpusReader> train_corpus_, valid_corpus_;
   std::unique_ptr<PipelineExecutor> executor_;  // this stage's model chunks and schedule
-  std::vector<CausalLM> chunks_;                 // this stage's model chunks
   NamedTensors params_;                          // of every chunk of this stage
   NamedTensors trainable_;                       // those the optimizer updates (not MoE's balancing bias)
   std::vector<MoE> moe_layers_;                  // of every chunk of this stage
@@ -163,6 +165,7 @@ class Trainer {
   LoaderOptions loader_options_;
   std::unique_ptr<DataLoader> loader_;  // on the stages that need tokens (first, last)
   MetricsLog metrics_;
+  TensorBoardLog tensorboard_;  // the same records as metrics_, for TensorBoard
   std::string summary_path_;
   double flops_per_token_;
   double peak_flops_;  // of all devices together; 0: unknown
@@ -214,7 +217,6 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   params_ = parameters_of(chunks);
   for (const auto& [name, p] : params_)
     if (p.requires_grad()) trainable_.emplace_back(name, p);
-  chunks_ = chunks;
   for (const CausalLM& chunk : chunks)
     for (const MoE& moe : chunk->moe_layers()) moe_layers_.push_back(moe);
   config_text_ = effective.to_ini();
@@ -265,16 +267,15 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   if (executor_->needs_batches())
     loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/start_step_);
   if (valid_corpus_) {
-    uint64_t available = samples_in_corpus(valid_corpus_->info().n_tokens, c.loop.seq_len) /
-                         static_cast<uint64_t>(c.loop.global_batch);
+    const int64_t available = global_batches_in(*valid_corpus_, c.loop.seq_len, c.loop.global_batch);
     if (available == 0)
       throw data_error(c.data.valid + ": too small for one global batch of " +
                        std::to_string(c.loop.global_batch) + " sequences of " +
                        std::to_string(c.loop.seq_len + 1) + " tokens");
-    if (available < static_cast<uint64_t>(c.loop.eval_batches)) {
+    if (available < c.loop.eval_batches) {
       log::warning("train.eval_batches = ", c.loop.eval_batches, ": ", c.data.valid, " holds only ",
                    available, " global batches; evaluating on those");
-      config_.loop.eval_batches = static_cast<int64_t>(available);
+      config_.loop.eval_batches = available;
     }
   }
 
@@ -284,6 +285,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
       throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
     write_text_file(c.run.dir + "/config.ini", effective.to_ini());
     metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl", start_step_);
+    tensorboard_ = TensorBoardLog(c.run.dir, start_step_);
     summary_path_ = c.run.dir + "/summary.json";
   }
 }
@@ -336,39 +338,8 @@ void Trainer::balance_experts() {
 }
 
 double Trainer::evaluate() {
-  torch::NoGradGuard no_grad;
-  // Evaluation mode: MoE layers neither count expert loads nor add their balance loss.
-  struct EvalMode {
-    std::vector<CausalLM>& chunks;
-    explicit EvalMode(std::vector<CausalLM>& c) : chunks(c) {
-      for (CausalLM& chunk : chunks) chunk->eval();
-    }
-    ~EvalMode() {
-      for (CausalLM& chunk : chunks) chunk->train();
-    }
-  } eval_mode(chunks_);
-  std::unique_ptr<DataLoader> loader;
-  if (executor_->needs_batches()) {
-    LoaderOptions options = loader_options_;
-    options.shuffle = false;  // the same sequences every time, whatever the step
-    loader = std::make_unique<DataLoader>(valid_corpus_, options, /*start_step=*/0);
-  }
-  torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(placement_.device));
-  for (int64_t b = 0; b < config_.loop.eval_batches; ++b) {
-    std::vector<torch::Tensor> batches;
-    auto batch = [&](int microbatch) {
-      if (batches.empty())
-        for (int64_t i = 0; i < config_.loop.grad_accum; ++i) batches.push_back(next_batch(*loader));
-      return batches[static_cast<size_t>(microbatch)];
-    };
-    total += executor_->evaluate(batch);
-  }
-  // The losses are on the last stage: the sum over the stages brings them to every stage.
-  parallel_.pp_group->all_reduce(total, ReduceOp::kSum);
-  torch::Tensor mean = total / static_cast<double>(config_.loop.eval_batches * config_.loop.grad_accum);
-  parallel_.dp_group->all_reduce(mean, ReduceOp::kAvg);
-  parallel_.dp_group->synchronize();
-  return mean.item<double>();
+  return evaluate_loss(*executor_, valid_corpus_, loader_options_, config_.loop.eval_batches, parallel_,
+                       placement_.device);
 }
 
 LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
@@ -450,6 +421,7 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                 format_duration(mean_step_seconds * static_cast<double>(steps - step)).c_str());
   log::info(line);
   metrics_.write(record);
+  tensorboard_.write(record);
   return {loss_value, seconds, tokens};
 }
 
@@ -582,10 +554,12 @@ TrainResult Trainer::run() {
     result.steps = start_step_;
     return result;
   }
+  ProgressLine progress(start_step_, steps, static_cast<double>(config_.loop.global_batch * config_.loop.seq_len));
   for (int64_t step = start_step_ + 1; step <= steps; ++step) {
     inject_fault(step);
     StepTensors tensors = train_step(step);
     ++interval.steps;
+    progress.step_done(step);
     const bool log_due = step % config_.log.interval == 0 || step == steps;
     if (log_due) {
       LoggedInterval logged = log_interval(step, tensors, interval, trained_seconds);
@@ -599,8 +573,10 @@ TrainResult Trainer::run() {
         result.final_eval_loss = evaluate();
         log::info("eval at step ", step, " | loss ", result.final_eval_loss, " | perplexity ",
                   std::exp(result.final_eval_loss));
-        metrics_.write({{"step", step}, {"eval_loss", result.final_eval_loss},
-                        {"eval_ppl", std::exp(result.final_eval_loss)}});
+        const nlohmann::json record = {{"step", step}, {"eval_loss", result.final_eval_loss},
+                                       {"eval_ppl", std::exp(result.final_eval_loss)}};
+        metrics_.write(record);
+        tensorboard_.write(record);
       }
     }
     // The step boundary: a finished background save completes; a signal stops the run here.

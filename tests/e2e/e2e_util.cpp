@@ -117,8 +117,8 @@ void flip_a_byte(const std::string& file, const std::string& dataset) {
     ASSERT_GE(d, 0);
     offset = H5Dget_offset(d);
     size = H5Dget_storage_size(d);
-    H5Dclose(d);
-    H5Fclose(f);
+    ASSERT_GE(H5Dclose(d), 0);
+    ASSERT_GE(H5Fclose(f), 0);
   }
   std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
   io.seekg(static_cast<std::streamoff>(offset + size / 2));

@@ -15,6 +15,12 @@ void write_warning(const std::string& line);
 // Errors are printed by whichever rank hit them: the rank that knows what went wrong says so.
 void write_error(const std::string& line);
 
+// A live status line (a progress bar) on a terminal: rewritten in place by each call, taken
+// away before any other line is printed and drawn again after it, so that the two never mix.
+// Only the printing rank draws it, and only when standard output is a terminal; "" removes it.
+void set_status(const std::string& line);
+bool stdout_is_terminal();
+
 template <typename... Args>
 std::string concat(const Args&... args) {
   std::ostringstream out;

@@ -1,0 +1,61 @@
+// Text generation from a whole model (every layer, embedding and head): the prompt once, then one
+// token at a time, each step attending to the keys and values of the earlier positions kept in a
+// KV cache instead of recomputing them. Sampling: temperature, top-k, top-p (nucleus), from a
+// seeded generator on the CPU, so that a seed gives the same text on the CPU and on a GPU up to
+// the logits' rounding; temperature 0 is greedy decoding, deterministic.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dstrain/model/transformer.h"
+
+namespace dstrain {
+
+struct SamplingOptions {
+  double temperature = 1.0;    // 0: greedy (the most likely token)
+  int64_t top_k = 0;           // keep the k most likely tokens; 0: all
+  double top_p = 1.0;          // keep the fewest most likely tokens whose probability reaches p
+  int64_t max_new_tokens = 64;
+  uint64_t seed = 0;
+  int64_t stop_token = -1;     // generation ends after this token (end of document); -1: none
+};
+
+// Keys and values of every layer for the positions seen so far, [1, kv_heads, max_seq_len, d]
+// each, filled up to `length`.
+struct KvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length = 0;
+};
+
+class CachedDecoder {
+ public:
+  // `model` must hold the whole model (LayerSlice::whole); its parameters are used as they are.
+  explicit CachedDecoder(CausalLM model);
+  KvCache empty_cache() const;
+  // Logits [1, n, vocab] of `ids` [1, n] at positions cache.length ... + n - 1; appends their
+  // keys and values to the cache.
+  torch::Tensor forward(const torch::Tensor& ids, KvCache& cache) const;
+  const ModelConfig& config() const { return model_->config(); }
+  torch::Device forward_device() const { return rope_cos_.device(); }
+
+ private:
+  torch::Tensor weight(const std::string& name) const;
+  CausalLM model_;
+  std::map<std::string, torch::Tensor> params_;
+  torch::Tensor rope_cos_, rope_sin_;
+};
+
+// The next token drawn from last-position logits [vocab] (any device and dtype).
+int64_t sample_token(const torch::Tensor& logits, const SamplingOptions& options, at::Generator& generator);
+
+// The prompt's continuation (new tokens only). Stops after max_new_tokens, after stop_token, or
+// when the model's max_seq_len is reached. The prompt must be shorter than max_seq_len.
+std::vector<int64_t> generate(const CachedDecoder& decoder, const std::vector<int64_t>& prompt,
+                              const SamplingOptions& options);
+
+}  // namespace dstrain

@@ -1,0 +1,32 @@
+// A phase of a start-up in which any rank may fail on its own (reading a file that only some
+// ranks see, say): afterwards every rank knows whether all succeeded, so that none waits in a
+// collective for a rank that has given up, and only the lowest failing rank reports (one
+// message, not one per rank). The same rule as the trainer's start-up.
+#pragma once
+
+#include <exception>
+#include <optional>
+
+#include "dstrain/core/error.h"
+#include "dstrain/dist/parallel_context.h"
+
+namespace dstrain {
+
+template <typename Phase>
+void agreed_phase(int world_rank, Phase&& phase) {
+  std::optional<Error> failure;
+  try {
+    phase();
+  } catch (const Error& e) {
+    failure = e;
+  } catch (const std::exception& e) {
+    failure = Error(ExitCode::kInternal, e.what());
+  }
+  const FailureAgreement agreement =
+      agree_on_failure(failure ? static_cast<int>(failure->code()) : 0, failure && failure->what()[0] != '\0');
+  if (agreement.exit_code == 0) return;
+  if (agreement.reporter == world_rank) throw *failure;
+  throw Error(static_cast<ExitCode>(agreement.exit_code), "");  // reported by another rank
+}
+
+}  // namespace dstrain

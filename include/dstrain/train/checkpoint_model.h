@@ -1,0 +1,28 @@
+// What `dstrain eval` and `dstrain generate` need of a checkpoint: the configuration it was
+// trained with, and its parameters in a model of any layout. Checkpoints store full tensors by
+// global name, so a pipeline stage (or the whole model on one process) reads just its own.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <string>
+#include <vector>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/parameter_file.h"
+
+namespace dstrain {
+
+// The checkpoint's effective configuration as `--section.key=value` arguments of `dstrain train`,
+// for the sections that describe the model and its data ([model], [train], [optim], [data]):
+// how and where it ran ([run], [parallel], [comm], [ckpt], [log], [debug], train.device and the
+// derived train.grad_accum) is left to the defaults and the command line, since evaluation and
+// generation choose a layout and a device of their own.
+std::vector<std::string> checkpoint_config_arguments(const std::string& config_text);
+
+// Copies the checkpoint's /model/<name> into each parameter (converting to its dtype and device).
+// Throws Error(kCheckpoint) naming the file and the tensor when one is missing or has another
+// shape (a checkpoint of another model).
+void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params);
+
+}  // namespace dstrain

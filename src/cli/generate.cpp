@@ -1,0 +1,105 @@
+#include "generate.h"
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "command_args.h"
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/core/accelerator.h"
+#include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
+#include "dstrain/data/tokenizer.h"
+#include "dstrain/model/generation.h"
+#include "dstrain/train/checkpoint_model.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+namespace {
+
+const char* kGenerateUsage =
+    "usage: dstrain generate --ckpt CKPT --prompt TEXT [options] [--model.key value ...]\n"
+    "\n"
+    "Continues TEXT with the model of checkpoint CKPT (a file, or a checkpoint directory: its latest),\n"
+    "written by any layout. Prints the prompt and its continuation; a summary goes to standard error.\n"
+    "\n"
+    "  --ckpt CKPT             checkpoint file or directory\n"
+    "  --prompt TEXT           the text to continue\n"
+    "  --max-new-tokens N      tokens to generate at most (128); generation also stops at the end-of-document\n"
+    "                          token and at model.max_seq_len\n"
+    "  --temperature T         divides the logits (1.0); 0: greedy decoding, deterministic\n"
+    "  --top-k K               sample among the K most likely tokens (0: all)\n"
+    "  --top-p P               sample among the fewest most likely tokens whose probability reaches P (1.0: all)\n"
+    "  --seed S                seed of the sampling (0)\n"
+    "  --device D              cpu, cuda (GPU 0) or auto (cuda when there is a GPU; the default)\n"
+    "  --tokenizer NAME        the tokenizer of the model's corpus: byte (the default)\n";
+
+}  // namespace
+
+int generate_command(const std::vector<std::string>& args) {
+  const CommandArgs parsed =
+      split_command_args(args,
+                         {"ckpt", "prompt", "max-new-tokens", "temperature", "top-k", "top-p", "seed", "device",
+                          "tokenizer"},
+                         "generate");
+  if (parsed.help) {
+    std::cout << kGenerateUsage;
+    return 0;
+  }
+  for (const char* required : {"ckpt", "prompt"})
+    if (!parsed.own.count(required))
+      throw Error(ExitCode::kUsage, std::string("generate: give --") + required + " (see dstrain generate --help)");
+  SamplingOptions sampling;
+  sampling.max_new_tokens = static_cast<int64_t>(number_option(parsed, "max-new-tokens", 128, 1, 1e9, true));
+  sampling.temperature = number_option(parsed, "temperature", 1.0, 0, 1e6, false);
+  sampling.top_k = static_cast<int64_t>(number_option(parsed, "top-k", 0, 0, 1e9, true));
+  sampling.top_p = number_option(parsed, "top-p", 1.0, 1e-9, 1.0, false);
+  sampling.seed = static_cast<uint64_t>(number_option(parsed, "seed", 0, 0, 9e15, true));
+  const std::string device_name = parsed.own.count("device") ? parsed.own.at("device") : "auto";
+  if (device_name != "auto" && device_name != "cpu" && device_name != "cuda")
+    throw config_error("--device", device_name, "expected cpu, cuda or auto");
+  if (device_name == "cuda" && accel::device_count() == 0)
+    throw config_error("--device", "cuda", "no GPU here (or a LibTorch without CUDA)");
+  const torch::Device device =
+      device_name == "cpu" || accel::device_count() == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+  const std::unique_ptr<Tokenizer> tokenizer =
+      make_tokenizer(parsed.own.count("tokenizer") ? parsed.own.at("tokenizer") : "byte");
+
+  const std::string checkpoint = resolve_resume(parsed.own.at("ckpt"), "");
+  if (checkpoint.empty()) throw Error(ExitCode::kCheckpoint, "--ckpt none: give a checkpoint file or directory");
+  const CheckpointReader reader(checkpoint);
+  OptionTable table = train_option_table();
+  Options options = checkpoint_options(table, checkpoint, parsed.overrides);
+  const ModelConfig model_config = read_model_config(options);
+  if (model_config.vocab_size < static_cast<int64_t>(tokenizer->vocab_size()))
+    throw config_error("--tokenizer", tokenizer->name(),
+                       "its vocabulary (" + std::to_string(tokenizer->vocab_size()) + ") is larger than the model's (" +
+                           std::to_string(model_config.vocab_size) + ")");
+  sampling.stop_token = tokenizer->eod_id();
+
+  CausalLM model(model_config, LayerSlice::whole(model_config));
+  load_model_parameters(reader, sorted_parameters(*model));
+  model->to(device);
+  const CachedDecoder decoder(model);
+
+  std::vector<int64_t> prompt;
+  for (uint32_t id : tokenizer->encode(parsed.own.at("prompt"))) prompt.push_back(id);
+  if (prompt.empty() || static_cast<int64_t>(prompt.size()) >= model_config.max_seq_len)
+    throw config_error("--prompt", "(" + std::to_string(prompt.size()) + " tokens)",
+                       "expected 1 to model.max_seq_len - 1 = " + std::to_string(model_config.max_seq_len - 1) +
+                           " tokens");
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<int64_t> tokens = generate(decoder, prompt, sampling);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<uint32_t> text_ids;
+  for (int64_t id : tokens)
+    if (id != sampling.stop_token) text_ids.push_back(static_cast<uint32_t>(id));
+  std::cout << parsed.own.at("prompt") << tokenizer->decode(text_ids) << std::endl;
+  std::fprintf(stderr, "generated %zu tokens in %.2f s (%.1f tokens/s) on %s from %s (step %lld)%s\n", tokens.size(),
+               seconds, seconds > 0 ? static_cast<double>(tokens.size()) / seconds : 0.0, device.str().c_str(),
+               checkpoint.c_str(), static_cast<long long>(reader.state().step),
+               !tokens.empty() && tokens.back() == sampling.stop_token ? ", ended at the end-of-document token" : "");
+  return 0;
+}
+
+}  // namespace dstrain

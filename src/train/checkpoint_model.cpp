@@ -1,0 +1,63 @@
+#include "dstrain/train/checkpoint_model.h"
+
+#include <set>
+#include <sstream>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+namespace {
+
+std::string trimmed(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_config_arguments(const std::string& config_text) {
+  static const std::set<std::string> kept_sections = {"model", "train", "optim", "data"};
+  static const std::set<std::string> left_out = {"train.device", "train.grad_accum"};
+  std::vector<std::string> args;
+  std::istringstream lines(config_text);
+  std::string line, section;
+  while (std::getline(lines, line)) {
+    line = trimmed(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t equals = line.find('=');
+    if (equals == std::string::npos || !kept_sections.count(section)) continue;
+    const std::string key = section + "." + trimmed(line.substr(0, equals));
+    const std::string value = trimmed(line.substr(equals + 1));
+    if (value.empty() || left_out.count(key)) continue;  // empty: the default (nothing given)
+    args.push_back("--" + key + "=" + value);
+  }
+  return args;
+}
+
+void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    const std::string dataset = "model/" + name;
+    const CheckpointReader::DatasetInfo* info = reader.find(dataset);
+    if (!info)
+      throw Error(ExitCode::kCheckpoint, reader.path() + ": no dataset /" + dataset +
+                                             ": a checkpoint of another model (compare `dstrain ckpt inspect`)");
+    if (info->shape != param.sizes().vec())
+      throw Error(ExitCode::kCheckpoint, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) +
+                                             ", the model expects " + shape_text(param.sizes().vec()));
+    param.copy_(reader.read(dataset));
+  }
+}
+
+}  // namespace dstrain

@@ -1,0 +1,94 @@
+// dstrain generate from models trained to memorise a short text, on several layouts.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+const std::string kText = "the quick brown fox jumps over the lazy dog; ";
+
+// A corpus of one document: kText over and over.
+const std::string& memorise_corpus() {
+  static const std::string corpus = [] {
+    const std::string dir = scratch_dir("generate-corpus-" + std::to_string(getpid()));
+    std::ofstream text(dir + "/fox.txt");
+    for (int i = 0; i < 300; ++i) text << kText;
+    text.close();
+    RunOutput prep = run_dstrain(0, {"prep", "--input", dir + "/fox.txt", "--output", dir + "/fox.h5"});
+    EXPECT_EQ(prep.exit_code, 0) << prep.output;
+    return dir + "/fox.h5";
+  }();
+  return corpus;
+}
+
+std::string train_memoriser(int ranks, const std::string& name, std::vector<std::string> layout) {
+  const std::string dir = scratch_dir(name);
+  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                   "--run.dir", dir, "--data.train", memorise_corpus(), "--train.device", "cpu",
+                                   "--train.steps", "150", "--train.global_batch", "4", "--train.micro_batch", "1",
+                                   "--train.seq_len", "64",  // every position generation will use
+                                   "--optim.lr", "1e-2", "--optim.min_lr", "1e-3", "--log.interval", "50",
+                                   "--ckpt.interval", "150"};
+  args.insert(args.end(), layout.begin(), layout.end());
+  RunOutput run = run_dstrain(ranks, args);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  return dir + "/checkpoints";
+}
+
+RunOutput generate(const std::string& ckpt, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"generate", "--ckpt", ckpt, "--prompt", "the quick", "--device", "cpu",
+                                   "--max-new-tokens", "40"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(0, args);
+}
+
+// Standard output's text: the prompt and its continuation (the summary goes to standard error,
+// which run_dstrain mixes in after it).
+std::string generated_text(const RunOutput& run) { return run.output.substr(0, run.output.find("\ngenerated ")); }
+
+}  // namespace
+
+TEST(Generate, GreedyReproducesTheMemorisedTextFromAnyLayout) {
+  // The prompt and 40 tokens: the sentence from its start, and its start again.
+  const std::string expected = (kText + kText).substr(0, std::string("the quick").size() + 40);
+  const std::string one = train_memoriser(1, "generate-dp1", {});
+  RunOutput a = generate(one, {"--temperature", "0"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string text = generated_text(a);
+  EXPECT_EQ(text, expected) << a.output;
+  // Deterministic.
+  RunOutput again = generate(one, {"--temperature", "0"});
+  EXPECT_EQ(generated_text(again), text);
+  // Checkpoints of other layouts: the same model within float tolerance, the same text.
+  for (auto [ranks, layout] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {2, {"--parallel.pp", "2"}}, {2, {"--parallel.dp", "2"}}}) {
+    const std::string ckpt = train_memoriser(ranks, "generate-" + layout[0].substr(11) + "2", layout);
+    RunOutput b = generate(ckpt, {"--temperature", "0"});
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_EQ(generated_text(b), expected) << layout[0] << ": " << b.output;
+  }
+}
+
+TEST(Generate, SamplingIsSeededAndBadOptionsAreClearErrors) {
+  const std::string ckpt = train_memoriser(1, "generate-sampling", {"--train.steps", "20", "--ckpt.interval", "20"});
+  RunOutput a = generate(ckpt, {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "3"});
+  RunOutput b = generate(ckpt, {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "3"});
+  RunOutput c = generate(ckpt, {"--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed", "4"});
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(generated_text(a), generated_text(b));
+  EXPECT_NE(generated_text(a), generated_text(c));
+
+  RunOutput bad_p = generate(ckpt, {"--top-p", "1.5"});
+  EXPECT_EQ(bad_p.exit_code, 2) << bad_p.output;
+  EXPECT_NE(bad_p.output.find("--top-p = 1.5"), std::string::npos) << bad_p.output;
+  RunOutput long_prompt = run_dstrain(0, {"generate", "--ckpt", ckpt, "--prompt", std::string(100, 'x')});
+  EXPECT_EQ(long_prompt.exit_code, 2) << long_prompt.output;
+  EXPECT_NE(long_prompt.output.find("--prompt"), std::string::npos) << long_prompt.output;
+  RunOutput no_ckpt = run_dstrain(0, {"generate", "--ckpt", "/nonexistent", "--prompt", "x"});
+  EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
+}
