@@ -145,9 +145,11 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
                 static_cast<unsigned long long>(summary.valid.n_tokens));
   const unsigned workers = summary.threads * static_cast<unsigned>(summary.ranks);
   const double rate = summary.tokenize_seconds > 0 ? mb / summary.tokenize_seconds : 0.0;
-  std::printf("%.2f MB of text in %.2f s: tokenized at %.1f MB/s (%u threads x %d processes, %.1f MB/s per thread), "
-              "%.2f s in all\n",
-              mb, summary.tokenize_seconds, rate, summary.threads, summary.ranks, rate / workers, summary.seconds);
+  const double per_cpu_second = summary.tokenize_cpu_seconds > 0 ? mb / summary.tokenize_cpu_seconds : 0.0;
+  std::printf("%.2f MB of text in %.2f s: tokenized at %.1f MB/s (%u threads x %d processes, %.1f MB/s per thread; "
+              "%.1f MB per CPU-second), %.2f s in all\n",
+              mb, summary.tokenize_seconds, rate, summary.threads, summary.ranks, rate / workers, per_cpu_second,
+              summary.seconds);
   return 0;
 }
 

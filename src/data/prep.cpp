@@ -1,5 +1,6 @@
 #include "dstrain/data/prep.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -28,6 +29,14 @@ using Clock = std::chrono::steady_clock;
 uint64_t file_size(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// CPU time of this process so far (every thread, user and system), in microseconds.
+uint64_t cpu_microseconds() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  auto micros = [](const timeval& t) { return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_usec); };
+  return micros(usage.ru_utime) + micros(usage.ru_stime);
 }
 
 std::string part_path(const std::string& output, int rank) { return output + ".part-" + std::to_string(rank); }
@@ -297,12 +306,13 @@ PrepSummary run_prep(const PrepOptions& options) {
   // Each rank: its files → its part. (Throughput counts from here: loading the tokenizer is not
   // tokenizing.)
   const auto tokenizing = Clock::now();
+  const uint64_t cpu_before = cpu_microseconds();
   PrepOptions mine = options;
   mine.world = world;
   std::vector<size_t> first = assign_files(options.inputs, world);
   std::vector<std::string> my_inputs(options.inputs.begin() + first[rank], options.inputs.begin() + first[rank + 1]);
   std::exception_ptr failure;
-  uint64_t sums[2] = {0, 0};  // failed ranks, input bytes
+  uint64_t sums[3] = {0, 0, 0};  // failed ranks, input bytes, CPU microseconds
   try {
     CorpusWriter part(part_path(options.output, rank), tokenizer->vocab_size(), tokenizer->eod_id(), tokenizer->name());
     std::vector<FileCounts> counts;
@@ -319,8 +329,10 @@ PrepSummary run_prep(const PrepOptions& options) {
     failure = std::current_exception();
     sums[0] = 1;
   }
-  if (several) options.sum_over_ranks(sums, 2);
+  sums[2] = cpu_microseconds() - cpu_before;
+  if (several) options.sum_over_ranks(sums, 3);
   summary.input_bytes = sums[1];
+  summary.tokenize_cpu_seconds = static_cast<double>(sums[2]) / 1e6;
   summary.tokenize_seconds = std::chrono::duration<double>(Clock::now() - tokenizing).count();
   auto remove_parts = [&] {
     for (int r = 0; r < world; ++r) std::remove(part_path(options.output, r).c_str());

@@ -45,6 +45,9 @@ struct PrepSummary {
   uint64_t input_bytes = 0;   // over all ranks
   double seconds = 0.0;       // all of it
   double tokenize_seconds = 0.0;  // reading and tokenizing (the rest: joining the parts)
+  // CPU time of reading and tokenizing, all threads of all ranks: MB per CPU-second is the
+  // throughput per core, whatever else runs on the machine.
+  double tokenize_cpu_seconds = 0.0;
   unsigned threads = 1;       // per rank
   int ranks = 1;
 };
