@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "ckpt.h"
+#include "data.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -33,6 +34,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a model: mpirun -np N dstrain train --config input/demo.ini [--section.key value ...]\n"
     "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
+    "  data    import llm.c or Megatron corpora, inspect any corpus: dstrain data import|inspect ...\n"
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
@@ -176,8 +178,9 @@ int main(int argc, char** argv) {
     if (command == "bench") return bench_command(argc, argv, rest);
     if (command == "pipeline") return pipeline_command(rest);
     if (command == "ckpt") return ckpt_command(rest);
+    if (command == "data") return data_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, data, bench, pipeline, ckpt; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());
