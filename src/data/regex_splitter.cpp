@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "dstrain/core/error.h"
+#include "gpt2_scanner.h"
 
 namespace dstrain {
 
@@ -99,36 +100,53 @@ RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std
                                       std::to_string(offset) + ": " + reinterpret_cast<char*>(message));
   }
   code_ = code;
+  ascii_gpt2_ = !literal && (pattern == kGpt2Pattern || pattern == kGpt2PatternFast);
   // Without JIT (some platforms) the interpreter gives the same matches, only slower.
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
 }
 
 RegexSplitter::~RegexSplitter() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches) const {
+bool RegexSplitter::find(std::string_view text, size_t from, size_t* start, size_t* end) const {
   auto* code = static_cast<pcre2_code*>(code_);
   ThreadMatchState& state = thread_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t emitted = 0, search = 0;
-  while (search <= text.size()) {
+  for (size_t search = from; search <= text.size();) {
     int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), search, 0, state.data, state.context)
                   : pcre2_match(code, subject, text.size(), search, 0, state.data, state.context);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
       throw Error(ExitCode::kData, std::string("regular expression match failed: ") + reinterpret_cast<char*>(message));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
-    size_t start = ovector[0], end = ovector[1];
-    if (end == start) {  // an empty match splits nothing: look again one character on
-      if (start >= text.size()) break;
-      search = start + utf8_length(static_cast<unsigned char>(text[start]));
-      continue;
+    if (ovector[1] > ovector[0]) {
+      *start = ovector[0];
+      *end = ovector[1];
+      return true;
     }
+    if (ovector[0] >= text.size()) return false;  // an empty match splits nothing: look again one character on
+    search = ovector[0] + utf8_length(static_cast<unsigned char>(text[ovector[0]]));
+  }
+  return false;
+}
+
+void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches) const {
+  size_t emitted = 0, start = 0, end = 0;
+  while (emitted < text.size()) {
+    if (ascii_gpt2_) {
+      const size_t ascii_end = gpt2::ascii_match_end(text, emitted);
+      if (ascii_end > emitted) {
+        if (!drop_matches) pieces->push_back(text.substr(emitted, ascii_end - emitted));
+        emitted = ascii_end;
+        continue;
+      }
+    }
+    if (!find(text, emitted, &start, &end)) break;
     if (start > emitted) pieces->push_back(text.substr(emitted, start - emitted));
     if (!drop_matches) pieces->push_back(text.substr(start, end - start));
-    emitted = search = end;
+    emitted = end;
   }
   if (emitted < text.size()) pieces->push_back(text.substr(emitted));
 }

@@ -6,7 +6,8 @@
 // fancy-regex (tiktoken), where \s is Unicode White_Space. PCRE2's \s lacks U+0085, so \s and \S
 // are rewritten to the explicit White_Space set before compiling. Bytes that are not valid UTF-8
 // never match (PCRE2_MATCH_INVALID_UTF) and so end up in the pieces between matches: any byte
-// string splits, and the pieces always concatenate back to the text.
+// string splits, and the pieces always concatenate back to the text. GPT-2's pattern is matched
+// by hand where the text is ASCII (gpt2_scanner.h), by PCRE2 elsewhere.
 #pragma once
 
 #include <cstddef>
@@ -28,10 +29,13 @@ class RegexSplitter {
   // Appends the pieces of `text` (matches and the gaps between them, in order, none empty);
   // with `drop_matches` only the gaps (behavior "Removed"). Thread-safe: per-thread match data.
   void split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches = false) const;
+  // The first non-empty match at or after `from`: [*start, *end); false when there is none.
+  bool find(std::string_view text, size_t from, size_t* start, size_t* end) const;
 
  private:
   void* code_ = nullptr;  // pcre2_code_8*
   bool jit_ = false;
+  bool ascii_gpt2_ = false;  // GPT-2's pattern: ASCII stretches matched by gpt2_scanner.h
 };
 
 // `\s`/`\S` → the White_Space set, outside and inside character classes (exposed for tests).
