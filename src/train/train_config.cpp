@@ -139,7 +139,9 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.data.train = o.get_string("data.train");
   if (c.data.train.empty())
     throw config_error("data.train", "", "give the training corpus (make one with `dstrain prep`)");
-  for (const MixtureComponent& component : parse_mixture(c.data.train, "data.train"))
+  const std::vector<MixtureComponent> mixture = parse_mixture(c.data.train, "data.train");
+  if (mixture.size() == 1 && mixture[0].path == c.data.train) require_file(o, "data.train");
+  for (const MixtureComponent& component : mixture)
     if (!files::is_regular_file(component.path))
       throw config_error("data.train", c.data.train, component.path + ": no such file (make a corpus with `dstrain prep`)");
   c.data.valid = o.get_string("data.valid");
