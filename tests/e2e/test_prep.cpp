@@ -113,3 +113,34 @@ TEST(Prep, InputLargerThanTheMemoryLimitStreamsThroughBoundedMemory) {
   corpus.read(at, middle.size(), middle.data());
   EXPECT_EQ(std::string(middle.begin(), middle.end()), line);
 }
+
+TEST(DataCommand, ImportsAnLlmcShardAndInspectsEveryKind) {
+  const std::string dir = scratch_dir("data-command");
+  // An llm.c shard (version 1) of two documents: EOT 50256 before each.
+  std::vector<int32_t> header(256, 0);
+  const std::vector<uint16_t> tokens = {50256, 10, 20, 30, 50256, 40, 50};
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(tokens.size());
+  {
+    std::ofstream shard(dir + "/shard.bin", std::ios::binary);
+    shard.write(reinterpret_cast<const char*>(header.data()), 1024);
+    shard.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  RunOutput imported = run_dstrain(0, {"data", "import", "--format", "llmc", "--input", dir + "/shard.bin",
+                                       "--output", dir + "/c.h5"});
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_NE(imported.output.find("2 documents, 7 tokens"), std::string::npos) << imported.output;
+  RunOutput corpus = run_dstrain(0, {"data", "inspect", dir + "/c.h5", "--tokens", "7"});
+  ASSERT_EQ(corpus.exit_code, 0) << corpus.output;
+  EXPECT_NE(corpus.output.find("first tokens: 10 20 30 50256 40 50 50256"), std::string::npos) << corpus.output;
+  RunOutput shard = run_dstrain(0, {"data", "inspect", dir + "/shard.bin"});
+  EXPECT_EQ(shard.exit_code, 0) << shard.output;
+  EXPECT_NE(shard.output.find("llm.c token shard, version 1 (uint16 tokens), 7 tokens"), std::string::npos) << shard.output;
+  std::ofstream(dir + "/notes.txt") << "just text";
+  RunOutput unknown = run_dstrain(0, {"data", "inspect", dir + "/notes.txt"});
+  EXPECT_EQ(unknown.exit_code, 3) << unknown.output;
+  EXPECT_NE(unknown.output.find("notes.txt: not a corpus dstrain knows"), std::string::npos) << unknown.output;
+  RunOutput usage = run_dstrain(0, {"data", "import", "--format", "llmc", "--output", dir + "/x.h5"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.output;
+}
