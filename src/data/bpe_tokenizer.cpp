@@ -28,7 +28,7 @@ Error field_error(const std::string& where, const std::string& field, const std:
 // a lookup allocates nothing. Bounded: emptied when half full.
 class PieceCache {
  public:
-  static constexpr size_t kSlots = 1 << 19;
+  static constexpr size_t kSlots = 1 << 17;  // 4 MB of slots per thread
   uint64_t owner = 0;
 
   PieceCache() : slots_(kSlots) {}
