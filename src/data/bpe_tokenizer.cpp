@@ -249,15 +249,13 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
   }
 
   if (eod_token.empty()) {
+    int64_t found = -1;
     for (const char* candidate : {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"})
-      if (t->token_id(candidate) >= 0) {
-        t->eod_id_ = static_cast<uint32_t>(t->token_id(candidate));
-        break;
-      }
-    if (t->token_id("<|endoftext|>") < 0 && t->token_id("<｜end▁of▁sentence｜>") < 0 && t->token_id("</s>") < 0 &&
-        t->token_id("<eos>") < 0)
+      if ((found = t->token_id(candidate)) >= 0) break;
+    if (found < 0)
       throw config_error("--eod-token", "", where + " has none of <|endoftext|>, <｜end▁of▁sentence｜>, </s>, <eos>: "
                                                     "name its end-of-document token");
+    t->eod_id_ = static_cast<uint32_t>(found);
   } else {
     if (t->token_id(eod_token) < 0)
       throw config_error("--eod-token", eod_token, "a token of " + where + " (an added token or a vocabulary entry)");
@@ -287,8 +285,7 @@ void BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>* out
   thread_local std::vector<std::string_view> pieces;
   pieces.clear();
   added_splitter_->split(text, &pieces);
-  std::vector<std::string_view> mine(pieces.begin(), pieces.end());  // encode_ordinary reuses `pieces`
-  for (std::string_view piece : mine) {
+  for (std::string_view piece : pieces) {
     auto found = added_.find(std::string(piece));
     if (found != added_.end()) out->push_back(found->second);
     else encode_ordinary(piece, out);
