@@ -12,6 +12,7 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools    # parallel HDF5 (MPI-IO) for corpora and checkpoints; h5dump
   libboost-program-options-dev      # INI + command-line configuration
   nlohmann-json3-dev                # JSONL corpora and metrics
+  libpcre2-dev                      # Unicode regular expressions of BPE tokenizers (tokenizer.json)
   libgtest-dev                      # unit tests
   base-files                        # /usr/share/common-licenses: the demo corpus text
   python3                           # tests/tools/read_tfevents.py, an independent reader of TensorBoard files

@@ -15,12 +15,14 @@
 #include "eval.h"
 #include "generate.h"
 #include "plot.h"
+#include "data.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
+#include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
@@ -38,6 +40,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a model: mpirun -np N dstrain train --config input/demo.ini [--section.key value ...]\n"
     "  prep    tokenize text or JSONL files into a corpus: dstrain prep --input FILE... --output corpus.h5\n"
+    "  data    import llm.c or Megatron corpora, inspect any corpus: dstrain data import|inspect ...\n"
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
     "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
@@ -103,7 +106,7 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
   return 0;
 }
 
-int prep_command(const std::vector<std::string>& args) {
+int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
   PrepOptions options;
   po::options_description description("dstrain prep options");
   description.add_options()
@@ -116,7 +119,15 @@ int prep_command(const std::vector<std::string>& args) {
       ("valid-output", po::value<std::string>(&options.valid_output),
        "validation corpus file (default: OUTPUT with .valid before the extension)")
       ("tokenizer", po::value<std::string>(&options.tokenizer)->default_value("byte"),
-       "tokenizer: byte (one token per byte, end-of-document 256)");
+       "byte (one token per byte, end-of-document 256), or a Hugging Face tokenizer.json (byte-level BPE)")
+      ("eod-token", po::value<std::string>(&options.eod_token),
+       "the tokenizer.json token that ends each document (default: <|endoftext|>, <｜end▁of▁sentence｜>, </s> or <eos>)")
+      ("threads", po::value<unsigned>(&options.threads)->default_value(0),
+       "tokenizing threads per process (0: one per core)")
+      ("shuffle", po::bool_switch(&options.shuffle), "shuffle the documents of each split")
+      ("seed", po::value<uint64_t>(&options.seed)->default_value(0), "seed of --shuffle")
+      ("memory-limit", po::value<uint64_t>(&options.memory_limit_mb)->default_value(1024),
+       "MB of text and tokens in flight per process (inputs of any size stream through it)");
   po::variables_map given;
   try {
     po::store(po::command_line_parser(args).options(description).run(), given);
@@ -125,11 +136,21 @@ int prep_command(const std::vector<std::string>& args) {
     throw Error(ExitCode::kUsage, std::string("prep: ") + e.what() + " (see dstrain prep --help)");
   }
   if (given.count("help")) {
-    std::cout << "usage: dstrain prep --input FILE... --output corpus.h5 [--valid-fraction F]\n\n"
+    std::cout << "usage: [mpirun -np N] dstrain prep --input FILE... --output corpus.h5 [--tokenizer tokenizer.json]\n"
+                 "       [--valid-fraction F] [--shuffle] [--threads T] [--memory-limit MB]\n\n"
+                 "With N processes each tokenizes a block of the input files; the result is the same.\n\n"
               << description;
     return 0;
   }
+  MpiSession mpi(&argc, &argv);
+  log::configure(mpi.world_rank(), mpi.world_size(), false);
+  options.rank = mpi.world_rank();
+  options.world = mpi.world_size();
+  options.sum_over_ranks = [](uint64_t* values, int count) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, count, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD));
+  };
   PrepSummary summary = run_prep(options);
+  if (mpi.world_rank() != 0) return 0;
   const double mb = static_cast<double>(summary.input_bytes) / 1e6;
   std::printf("wrote %s: %llu documents, %llu tokens (tokenizer %s, vocabulary %llu)\n",
               summary.train.path.c_str(), static_cast<unsigned long long>(summary.train.n_documents),
@@ -139,8 +160,13 @@ int prep_command(const std::vector<std::string>& args) {
     std::printf("wrote %s: %llu documents, %llu tokens\n", summary.valid.path.c_str(),
                 static_cast<unsigned long long>(summary.valid.n_documents),
                 static_cast<unsigned long long>(summary.valid.n_tokens));
-  std::printf("%.2f MB of text in %.2f s (%.1f MB/s)\n", mb, summary.seconds,
-              summary.seconds > 0 ? mb / summary.seconds : 0.0);
+  const unsigned workers = summary.threads * static_cast<unsigned>(summary.ranks);
+  const double rate = summary.tokenize_seconds > 0 ? mb / summary.tokenize_seconds : 0.0;
+  const double per_cpu_second = summary.tokenize_cpu_seconds > 0 ? mb / summary.tokenize_cpu_seconds : 0.0;
+  std::printf("%.2f MB of text in %.2f s: tokenized at %.1f MB/s (%u threads x %d processes, %.1f MB/s per thread; "
+              "%.1f MB per CPU-second), %.2f s in all\n",
+              mb, summary.tokenize_seconds, rate, summary.threads, summary.ranks, rate / workers, per_cpu_second,
+              summary.seconds);
   return 0;
 }
 
@@ -163,7 +189,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
     if (command == "train") return train_command(argc, argv, rest);
-    if (command == "prep") return prep_command(rest);
+    if (command == "prep") return prep_command(argc, argv, rest);
     if (command == "bench") return bench_command(argc, argv, rest);
     if (command == "pipeline") return pipeline_command(rest);
     if (command == "ckpt") return ckpt_command(rest);
@@ -171,8 +197,9 @@ int main(int argc, char** argv) {
     if (command == "eval") return eval_command(argc, argv, rest);
     if (command == "generate") return generate_command(rest);
     if (command == "plot") return plot_command(rest);
+    if (command == "data") return data_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, bench, pipeline, ckpt, model, eval, generate, plot; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, data, bench, pipeline, ckpt, model, eval, generate, plot; see dstrain --help)");
   } catch (const Error& e) {
     if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
     return static_cast<int>(e.code());

@@ -13,7 +13,7 @@ namespace {
 
 constexpr ExitCode kCode = ExitCode::kData;
 constexpr hsize_t kChunkTokens = 1 << 20;  // 2-4 MB chunks: large sequential reads and writes
-constexpr size_t kFlushTokens = 1 << 22;
+constexpr size_t kFlushTokens = 1 << 20;  // 4 MB buffered: prep runs in bounded memory
 
 hid_t token_type_for(uint64_t vocab_size) {
   return vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
@@ -55,6 +55,13 @@ void CorpusWriter::add_document(const std::vector<uint32_t>& tokens) {
   offsets_.push_back(n_tokens_ + pending_.size());
   if (pending_.size() >= kFlushTokens) flush();
 }
+
+void CorpusWriter::append_tokens(const uint32_t* tokens, size_t count) {
+  pending_.insert(pending_.end(), tokens, tokens + count);
+  if (pending_.size() >= kFlushTokens) flush();
+}
+
+void CorpusWriter::end_document() { offsets_.push_back(n_tokens_ + pending_.size()); }
 
 void CorpusWriter::flush() {
   if (pending_.empty()) return;

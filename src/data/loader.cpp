@@ -10,19 +10,37 @@ uint64_t samples_in_corpus(uint64_t n_tokens, uint64_t seq_len) {
   return n_tokens > seq_len ? (n_tokens - 1) / seq_len : 0;
 }
 
+namespace {
+
+std::vector<uint64_t> samples_per_corpus(const Mixture& mixture, uint64_t seq_len) {
+  std::vector<uint64_t> samples;
+  for (const auto& corpus : mixture.corpora) samples.push_back(samples_in_corpus(corpus->info().n_tokens, seq_len));
+  return samples;
+}
+
+}  // namespace
+
 DataLoader::DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
                        uint64_t start_step)
-    : corpus_(std::move(corpus)),
+    : DataLoader(Mixture{{std::move(corpus)}, {1.0}}, options, start_step) {}
+
+DataLoader::DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_step)
+    : mixture_(mixture),
       options_(options),
-      sampler_(samples_in_corpus(corpus_->info().n_tokens, options.seq_len), options.seed,
-               options.shuffle),
+      sampler_(samples_per_corpus(mixture, options.seq_len), mixture.weights, options.seed, options.shuffle),
       start_step_(start_step) {
-  uint64_t global_batch = options_.layout.global_batch();
-  if (sampler_.n_samples() < global_batch)
-    throw data_error(corpus_->info().path + ": " + std::to_string(corpus_->info().n_tokens) +
-                     " tokens make " + std::to_string(sampler_.n_samples()) + " samples of " +
-                     std::to_string(options_.seq_len + 1) + " tokens, fewer than one global batch (" +
-                     std::to_string(global_batch) + " samples)");
+  const uint64_t global_batch = options_.layout.global_batch();
+  const std::vector<uint64_t> samples = samples_per_corpus(mixture_, options_.seq_len);
+  for (size_t c = 0; c < samples.size(); ++c) {
+    const CorpusInfo& info = mixture_.corpora[c]->info();
+    // One corpus must fill a global batch; in a mixture each must hold a sample (it repeats).
+    const uint64_t needed = samples.size() == 1 ? global_batch : 1;
+    if (samples[c] < needed)
+      throw data_error(info.path + ": " + std::to_string(info.n_tokens) + " tokens make " + std::to_string(samples[c]) +
+                       " samples of " + std::to_string(options_.seq_len + 1) + " tokens, fewer than " +
+                       (samples.size() == 1 ? "one global batch (" + std::to_string(global_batch) + " samples)"
+                                            : std::string("one")));
+  }
   thread_ = std::thread([this] { prefetch_loop(); });
 }
 
@@ -42,12 +60,13 @@ torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
                                      torch::dtype(torch::kInt64).pinned_memory(options_.pin_memory));
   int64_t* out = batch.data_ptr<int64_t>();
   for (uint64_t row = 0; row < rows; ++row) {
-    uint64_t sample = sampler_.sample_at(options_.layout.position(step, micro, row));
-    uint64_t offset = sample * options_.seq_len;
-    corpus_->read(offset, width, tokens.data());
+    const MixedSampler::Pick pick = sampler_.pick(options_.layout.position(step, micro, row));
+    const CorpusReader& corpus = *mixture_.corpora[pick.corpus];
+    uint64_t offset = pick.sample * options_.seq_len;
+    corpus.read(offset, width, tokens.data());
     for (uint64_t i = 0; i < width; ++i) {
       if (tokens[i] >= options_.model_vocab)
-        throw data_error(corpus_->info().path + ": token " + std::to_string(tokens[i]) +
+        throw data_error(corpus.info().path + ": token " + std::to_string(tokens[i]) +
                          " at offset " + std::to_string(offset + i) +
                          " is outside the model's vocabulary (model.vocab_size = " +
                          std::to_string(options_.model_vocab) + ")");

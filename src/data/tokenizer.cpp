@@ -1,6 +1,8 @@
 #include "dstrain/data/tokenizer.h"
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/data/bpe_tokenizer.h"
 
 namespace dstrain {
 
@@ -18,9 +20,13 @@ std::string ByteTokenizer::decode(const std::vector<uint32_t>& ids) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
-  if (name == "byte") return std::make_unique<ByteTokenizer>();
-  throw config_error("--tokenizer", name, "expected byte (the only tokenizer built in so far)");
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& eod_token) {
+  if (name == "byte") {
+    if (!eod_token.empty()) throw config_error("--eod-token", eod_token, "nothing with --tokenizer byte (its end-of-document is 256)");
+    return std::make_unique<ByteTokenizer>();
+  }
+  if (files::is_regular_file(name)) return BpeTokenizer::from_file(name, eod_token);
+  throw config_error("--tokenizer", name, "byte, or a Hugging Face tokenizer.json file (no such file)");
 }
 
 }  // namespace dstrain

@@ -2,6 +2,7 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/data/mixture.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/pipeline/schedule.h"
 
@@ -36,7 +37,8 @@ void add_loop_options(OptionTable& t) {
 }
 
 void add_data_options(OptionTable& t) {
-  t.add("data.train", OptionKind::kString, "", "training corpus (HDF5, made by dstrain prep)");
+  t.add("data.train", OptionKind::kString, "",
+        "training corpus (HDF5, made by dstrain prep), or several in proportions: a.h5:0.7,b.h5:0.3");
   t.add("data.valid", OptionKind::kString, "", "validation corpus (empty: no evaluation)");
   t.add("data.prefetch", OptionKind::kInt, "4", "micro-batches read ahead by the loader thread");
 }
@@ -142,7 +144,11 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.data.train = o.get_string("data.train");
   if (c.data.train.empty())
     throw config_error("data.train", "", "give the training corpus (make one with `dstrain prep`)");
-  require_file(o, "data.train");
+  const std::vector<MixtureComponent> mixture = parse_mixture(c.data.train, "data.train");
+  if (mixture.size() == 1 && mixture[0].path == c.data.train) require_file(o, "data.train");
+  for (const MixtureComponent& component : mixture)
+    if (!files::is_regular_file(component.path))
+      throw config_error("data.train", c.data.train, component.path + ": no such file (make a corpus with `dstrain prep`)");
   c.data.valid = o.get_string("data.valid");
   if (!c.data.valid.empty()) require_file(o, "data.valid");
   c.data.prefetch = o.get_int("data.prefetch", 1, 1024);

@@ -150,7 +150,8 @@ class Trainer {
   ParallelContext& parallel_;
   DevicePlacement placement_;
   bool is_reporting_rank_;
-  std::shared_ptr<const CorpusReader> train_corpus_, valid_corpus_;
+  Mixture train_data_;  // one corpus, or several in proportions (data.train = a.h5:0.7,b.h5:0.3)
+  std::shared_ptr<const CorpusReader> valid_corpus_;
   std::unique_ptr<PipelineExecutor> executor_;  // this stage's model chunks and schedule
   NamedTensors params_;                          // of every chunk of this stage
   NamedTensors trainable_;                       // those the optimizer updates (not MoE's balancing bias)
@@ -182,9 +183,9 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
                  const DevicePlacement& placement, const std::string& resume)
     : config_(c), parallel_(parallel), placement_(placement), is_reporting_rank_(parallel.world_rank == 0) {
   torch::set_num_threads(c.loop.threads);
-  train_corpus_ = std::make_shared<CorpusReader>(c.data.train);
+  train_data_ = open_mixture(c.data.train, "data.train");
   if (!c.data.valid.empty()) valid_corpus_ = std::make_shared<CorpusReader>(c.data.valid);
-  for (const auto& corpus : {train_corpus_, valid_corpus_}) {
+  for (const auto& corpus : {train_data_.corpora.front(), valid_corpus_}) {  // the mixture shares one vocabulary
     if (corpus && corpus->info().vocab_size > static_cast<uint64_t>(c.model.vocab_size))
       throw config_error("model.vocab_size", std::to_string(c.model.vocab_size),
                          "smaller than the vocabulary of " + corpus->info().path + " (" +
@@ -260,12 +261,12 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   loader_options_.model_vocab = c.model.vocab_size;
   loader_options_.prefetch_depth = c.data.prefetch;
   loader_options_.pin_memory = device.is_cuda();
-  corpus_fingerprint_ = corpus_fingerprint(*train_corpus_);
+  corpus_fingerprint_ = train_data_.fingerprint();
   checkpoints_ = std::make_unique<CheckpointWriter>(c.ckpt.dir, RetentionPolicy{c.ckpt.keep_last, c.ckpt.keep_every},
                                                     parallel);
   if (!resume.empty()) resume_from(resume);
   if (executor_->needs_batches())
-    loader_ = std::make_unique<DataLoader>(train_corpus_, loader_options_, /*start_step=*/start_step_);
+    loader_ = std::make_unique<DataLoader>(train_data_, loader_options_, /*start_step=*/start_step_);
   if (valid_corpus_) {
     const int64_t available = global_batches_in(*valid_corpus_, c.loop.seq_len, c.loop.global_batch);
     if (available == 0)
@@ -540,7 +541,7 @@ TrainResult Trainer::run() {
   log::info("training ", steps, " steps: global batch ", config_.loop.global_batch, " × ",
             config_.loop.seq_len, " tokens (micro_batch ", config_.loop.micro_batch, " × grad_accum ",
             config_.loop.grad_accum, " × dp ", parallel_.grid.dp(), "), ",
-            with_commas(static_cast<double>(train_corpus_->info().n_tokens)), " tokens in ",
+            with_commas(static_cast<double>(train_data_.n_tokens())), " tokens in ",
             config_.data.train);
   TrainResult result;
   const Clock::time_point start = Clock::now();

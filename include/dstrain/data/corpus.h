@@ -37,6 +37,11 @@ class CorpusWriter {
 
   // Appends the tokens and an end-of-document token.
   void add_document(const std::vector<uint32_t>& tokens);
+  // The same in parts, for documents that arrive in pieces or are copied from another corpus:
+  // append_tokens() adds to the current document, end_document() closes it (adding nothing:
+  // the caller has appended its end-of-document token).
+  void append_tokens(const uint32_t* tokens, size_t count);
+  void end_document();
   CorpusInfo close();
 
   uint64_t n_tokens() const { return n_tokens_ + pending_.size(); }

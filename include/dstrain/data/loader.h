@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dstrain/data/corpus.h"
+#include "dstrain/data/mixture.h"
 #include "dstrain/data/sampler.h"
 
 namespace dstrain {
@@ -34,6 +35,8 @@ class DataLoader {
   // fewer samples than one global batch.
   DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
              uint64_t start_step);
+  // Several corpora in proportions (see mixture.h); each must hold at least one sample.
+  DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_step);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -48,9 +51,9 @@ class DataLoader {
   torch::Tensor read_micro_batch(uint64_t step, uint64_t micro);
   void prefetch_loop();
 
-  std::shared_ptr<const CorpusReader> corpus_;
+  Mixture mixture_;
   LoaderOptions options_;
-  GlobalSampler sampler_;  // used by the prefetch thread only
+  MixedSampler sampler_;  // used by the prefetch thread only
   uint64_t taken_ = 0;     // micro-batches handed out
   uint64_t start_step_;
 

@@ -29,7 +29,9 @@ class ByteTokenizer : public Tokenizer {
   std::string decode(const std::vector<uint32_t>& ids) const override;
 };
 
-// "byte" for now; Throws Error(kUsage) naming the option for anything else.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
+// "byte", or the path of a Hugging Face tokenizer.json (byte-level BPE, see bpe_tokenizer.h) with
+// `eod_token` naming its end-of-document token (empty: a usual one). Throws Error(kUsage) naming
+// the option or the file's field for anything else.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& eod_token = "");
 
 }  // namespace dstrain

@@ -1,0 +1,50 @@
+// Splits text at the matches of a Unicode regular expression (PCRE2, JIT-compiled), the way a
+// Hugging Face "Split" pre-tokenizer with behavior "Isolated" does: every match is a piece, and
+// so is every stretch of text between matches.
+//
+// The patterns of tokenizer.json files are written for Oniguruma (Hugging Face) and Rust's
+// fancy-regex (tiktoken), where \s is Unicode White_Space. PCRE2's \s lacks U+0085, so \s and \S
+// are rewritten to the explicit White_Space set before compiling. Bytes that are not valid UTF-8
+// never match (PCRE2_MATCH_INVALID_UTF) and so end up in the pieces between matches: any byte
+// string splits, and the pieces always concatenate back to the text. GPT-2's pattern is matched
+// by hand where the text is ASCII (gpt2_scanner.h), by PCRE2 elsewhere.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dstrain {
+
+class RegexSplitter {
+ public:
+  // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}).
+  // Throws Error(kUsage) naming `where` and PCRE2's message when the pattern does not compile.
+  RegexSplitter(const std::string& pattern, bool literal, const std::string& where);
+  ~RegexSplitter();
+  RegexSplitter(const RegexSplitter&) = delete;
+  RegexSplitter& operator=(const RegexSplitter&) = delete;
+
+  // Appends the pieces of `text` (matches and the gaps between them, in order, none empty);
+  // with `drop_matches` only the gaps (behavior "Removed"). Thread-safe: per-thread match data.
+  void split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches = false) const;
+  // The first non-empty match at or after `from`: [*start, *end); false when there is none.
+  bool find(std::string_view text, size_t from, size_t* start, size_t* end) const;
+
+ private:
+  void* code_ = nullptr;  // pcre2_code_8*
+  bool jit_ = false;
+  bool ascii_gpt2_ = false;  // GPT-2's pattern: ASCII stretches matched by gpt2_scanner.h
+};
+
+// `\s`/`\S` → the White_Space set, outside and inside character classes (exposed for tests).
+std::string rewrite_whitespace_classes(const std::string& pattern);
+
+// GPT-2's pre-tokenizer pattern (also tiktoken's r50k/p50k and Hugging Face's ByteLevel with
+// use_regex = true).
+extern const char* const kGpt2Pattern;
+// kGpt2Pattern reordered to match the same pieces with fewer attempts (what ByteLevel uses).
+extern const char* const kGpt2PatternFast;
+
+}  // namespace dstrain

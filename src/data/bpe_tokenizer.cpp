@@ -1,0 +1,390 @@
+#include "dstrain/data/bpe_tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <queue>
+#include <sstream>
+
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/core/xxhash.h"
+#include "dstrain/data/byte_level.h"
+
+namespace dstrain {
+namespace {
+
+using nlohmann::json;
+
+Error field_error(const std::string& where, const std::string& field, const std::string& expected) {
+  return Error(ExitCode::kUsage, where + ": " + field + ": " + expected);
+}
+
+// A per-thread memo of piece → ids. Natural text repeats its words, so most pieces are found
+// here and never reach the merge loop. Open addressing over one arena of keys and one of ids:
+// a lookup allocates nothing. Bounded: emptied when half full.
+class PieceCache {
+ public:
+  static constexpr size_t kSlots = 1 << 17;  // 4 MB of slots per thread
+  uint64_t owner = 0;
+
+  PieceCache() : slots_(kSlots) {}
+  void clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    used_ = 0;
+  }
+  // The ids of `piece`, or nullptr; *slot receives where to insert it.
+  const uint32_t* find(std::string_view piece, size_t hash, size_t* slot, uint32_t* count) const {
+    for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+      const Slot& s = slots_[i];
+      if (s.key_length == 0) {
+        *slot = i;
+        return nullptr;
+      }
+      if (s.hash == hash && s.key_length == piece.size() &&
+          std::memcmp(keys_.data() + s.key_offset, piece.data(), piece.size()) == 0) {
+        *count = s.id_count;
+        return ids_.data() + s.id_offset;
+      }
+    }
+  }
+  void insert(size_t slot, std::string_view piece, size_t hash, const uint32_t* ids, uint32_t count) {
+    if (used_ >= kSlots / 2 || keys_.size() > (uint64_t{1} << 31)) return clear();  // keep it bounded
+    slots_[slot] = Slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(piece.size()),
+                        static_cast<uint32_t>(ids_.size()), count};
+    keys_.append(piece.data(), piece.size());
+    ids_.insert(ids_.end(), ids, ids + count);
+    ++used_;
+  }
+
+ private:
+  struct Slot {
+    size_t hash = 0;
+    uint32_t key_offset = 0, key_length = 0, id_offset = 0, id_count = 0;
+  };
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<uint32_t> ids_;
+  size_t used_ = 0;
+};
+
+PieceCache& thread_cache(uint64_t owner) {
+  thread_local PieceCache cache;
+  if (cache.owner != owner) {
+    cache.clear();
+    cache.owner = owner;
+  }
+  return cache;
+}
+
+std::string escape_literal(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x80 && !std::isalnum(u)) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// One entry of pre_tokenizer (possibly a Sequence) → the splitters it stands for, in order.
+template <typename Add>
+void read_pre_tokenizer(const json& node, const std::string& where, const std::string& field, Add add) {
+  if (node.is_null()) return;
+  if (!node.is_object() || !node.contains("type"))
+    throw field_error(where, field, "expected an object with a \"type\"");
+  const std::string type = node["type"].get<std::string>();
+  if (type == "Sequence") {
+    const json& list = node.value("pretokenizers", json::array());
+    for (size_t i = 0; i < list.size(); ++i)
+      read_pre_tokenizer(list[i], where, field + ".pretokenizers[" + std::to_string(i) + "]", add);
+  } else if (type == "ByteLevel") {
+    if (node.value("add_prefix_space", false))
+      throw field_error(where, field + ".add_prefix_space",
+                        "true is not supported (it would make decode(encode(x)) differ from x); expected false");
+    if (node.value("use_regex", true)) add(std::make_unique<RegexSplitter>(kGpt2PatternFast, false, where + ": " + field), false);
+  } else if (type == "Split") {
+    const json& pattern = node.value("pattern", json());
+    bool literal = pattern.contains("String");
+    if (!pattern.is_object() || !(literal || pattern.contains("Regex")))
+      throw field_error(where, field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    if (node.value("invert", false)) throw field_error(where, field + ".invert", "true is not supported");
+    const std::string behavior = node.value("behavior", std::string("Isolated"));
+    if (behavior != "Isolated" && behavior != "Removed")
+      throw field_error(where, field + ".behavior",
+                        "'" + behavior + "' is not supported; expected Isolated or Removed");
+    add(std::make_unique<RegexSplitter>(pattern[literal ? "String" : "Regex"].get<std::string>(), literal,
+                                        where + ": " + field),
+        behavior == "Removed");
+  } else {
+    throw field_error(where, field + ".type",
+                      "pre-tokenizer '" + type + "' is not supported; expected ByteLevel, Split or Sequence");
+  }
+}
+
+void check_normalizer(const json& node, const std::string& where) {
+  if (node.is_null()) return;
+  if (node.value("type", "") == "Sequence" && node.value("normalizers", json::array()).empty()) return;
+  throw field_error(where, "normalizer", "'" + node.dump() + "' is not supported; expected null (byte-level BPE)");
+}
+
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path, const std::string& eod_token) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw config_error("--tokenizer", path, "a tokenizer.json file that can be read, or byte");
+  std::ostringstream text;
+  text << file.rdbuf();
+  return from_json(text.str(), path, eod_token);
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text, const std::string& where,
+                                                      const std::string& eod_token) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(ExitCode::kUsage, where + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  static std::atomic<uint64_t> instances{0};
+  t->instance_ = ++instances;
+  try {
+    const json& model = root.at("model");
+    if (model.value("type", "BPE") != "BPE")
+      throw field_error(where, "model.type", "'" + model["type"].get<std::string>() + "' is not supported; expected BPE");
+    const json dropout = model.value("dropout", json());
+    if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
+      throw field_error(where, "model.dropout", "expected null (BPE dropout is for training tokenizers)");
+    if (model.value("byte_fallback", false)) throw field_error(where, "model.byte_fallback", "expected false (byte-level BPE)");
+    for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      const json& value = model.value(affix, json());
+      if (!value.is_null() && value != "") throw field_error(where, std::string("model.") + affix, "expected null");
+    }
+    t->ignore_merges_ = model.value("ignore_merges", false);
+    check_normalizer(root.value("normalizer", json()), where);
+    const json& decoder = root.value("decoder", json());
+    if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
+      throw field_error(where, "decoder.type", "'" + decoder.value("type", std::string("?")) + "': expected ByteLevel");
+
+    uint32_t max_id = 0;
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      uint32_t value = id.get<uint32_t>();
+      t->vocab_[token] = value;
+      max_id = std::max(max_id, value);
+    }
+    std::vector<std::pair<std::string, uint32_t>> added;
+    for (const json& entry : root.value("added_tokens", json::array())) {
+      const std::string content = entry.at("content").get<std::string>();
+      for (const char* flag : {"single_word", "lstrip", "rstrip"})
+        if (entry.value(flag, false))
+          throw field_error(where, "added_tokens '" + content + "'." + flag, "true is not supported; expected false");
+      uint32_t id = entry.at("id").get<uint32_t>();
+      if (content.empty()) throw field_error(where, "added_tokens", "a token with empty content");
+      added.emplace_back(content, id);
+      t->added_[content] = id;
+      max_id = std::max(max_id, id);
+    }
+    t->vocab_size_ = max_id + 1;
+
+    // Every byte needs its symbol: that is what makes any input encodable.
+    const auto& chars = byte_level::byte_to_chars();
+    for (int b = 0; b < 256; ++b) {
+      auto found = t->vocab_.find(chars[b]);
+      if (found == t->vocab_.end())
+        throw field_error(where, "model.vocab", "no entry for byte " + std::to_string(b) + " ('" + chars[b] +
+                                                    "'): not a byte-level vocabulary");
+      t->byte_ids_[b] = found->second;
+    }
+    t->id_bytes_.assign(t->vocab_size_, std::string());
+    std::string bytes;
+    for (const auto& [token, id] : t->vocab_) {
+      if (!byte_level::chars_to_bytes(token, &bytes))
+        throw field_error(where, "model.vocab", "entry '" + token + "' is not in the byte-level alphabet");
+      t->id_bytes_[id] = bytes;
+    }
+    for (const auto& [content, id] : added) t->id_bytes_[id] = content;
+
+    const json& merges = model.at("merges");
+    for (size_t rank = 0; rank < merges.size(); ++rank) {
+      const json& merge = merges[rank];
+      std::string left, right;
+      if (merge.is_string()) {  // "Ġ t" (older files)
+        const std::string text = merge.get<std::string>();
+        size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
+          throw field_error(where, "model.merges[" + std::to_string(rank) + "]", "expected \"LEFT RIGHT\", got '" + text + "'");
+        left = text.substr(0, space);
+        right = text.substr(space + 1);
+      } else {  // ["Ġ", "t"] (newer files)
+        left = merge.at(0).get<std::string>();
+        right = merge.at(1).get<std::string>();
+      }
+      auto l = t->vocab_.find(left), r = t->vocab_.find(right), m = t->vocab_.find(left + right);
+      if (l == t->vocab_.end() || r == t->vocab_.end() || m == t->vocab_.end())
+        throw field_error(where, "model.merges[" + std::to_string(rank) + "]",
+                          "'" + left + " " + right + "' names a token missing from model.vocab");
+      // The first occurrence of a pair wins, as in Hugging Face's tokenizers.
+      t->merges_.emplace((uint64_t{l->second} << 32) | r->second, Merge{static_cast<uint32_t>(rank), m->second});
+    }
+
+    read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
+                       [&](std::unique_ptr<RegexSplitter> splitter, bool removed) {
+                         t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), removed});
+                       });
+    if (!added.empty()) {
+      // Longest first, so that a token that is a prefix of another never wins over it.
+      std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+      std::string alternation;
+      for (const auto& [content, id] : added) alternation += (alternation.empty() ? "" : "|") + escape_literal(content);
+      t->added_splitter_ = std::make_unique<RegexSplitter>(alternation, false, where + ": added_tokens");
+    }
+  } catch (const json::exception& e) {
+    throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape (" + std::string(e.what()) + ")");
+  }
+
+  if (eod_token.empty()) {
+    int64_t found = -1;
+    for (const char* candidate : {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"})
+      if ((found = t->token_id(candidate)) >= 0) break;
+    if (found < 0)
+      throw config_error("--eod-token", "", where + " has none of <|endoftext|>, <｜end▁of▁sentence｜>, </s>, <eos>: "
+                                                    "name its end-of-document token");
+    t->eod_id_ = static_cast<uint32_t>(found);
+  } else {
+    if (t->token_id(eod_token) < 0)
+      throw config_error("--eod-token", eod_token, "a token of " + where + " (an added token or a vocabulary entry)");
+    t->eod_id_ = static_cast<uint32_t>(t->token_id(eod_token));
+  }
+  std::string file_name = where.substr(where.find_last_of('/') + 1);
+  t->name_ = "bpe:" + file_name + ":" + hex64(xxh64(json_text.data(), json_text.size()));
+  return t;
+}
+
+int64_t BpeTokenizer::token_id(const std::string& token) const {
+  auto added = added_.find(token);
+  if (added != added_.end()) return added->second;
+  auto found = vocab_.find(token);
+  return found == vocab_.end() ? int64_t{-1} : int64_t{found->second};
+}
+
+std::vector<uint32_t> BpeTokenizer::encode(const std::string& text) const {
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 3);
+  encode_into(text, &ids);
+  return ids;
+}
+
+void BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>* out) const {
+  if (!added_splitter_) return encode_ordinary(text, out);
+  thread_local std::vector<std::string_view> pieces;
+  pieces.clear();
+  added_splitter_->split(text, &pieces);
+  for (std::string_view piece : pieces) {
+    auto found = added_.find(std::string(piece));
+    if (found != added_.end()) out->push_back(found->second);
+    else encode_ordinary(piece, out);
+  }
+}
+
+void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>* out) const {
+  // Each pre-tokenizer splits every piece of the previous one.
+  thread_local std::vector<std::string_view> current, next;
+  current.assign(1, text);
+  for (const PreTokenizer& pre : pre_tokenizers_) {
+    if (!pre.splitter) continue;
+    next.clear();
+    for (std::string_view piece : current) pre.splitter->split(piece, &next, pre.remove_matches);
+    std::swap(current, next);
+  }
+  for (std::string_view piece : current) encode_piece(piece, out);
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>* out) const {
+  if (piece.empty()) return;
+  if (piece.size() == 1) {  // a single byte is its own symbol: no lookup needed
+    out->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  PieceCache& cache = thread_cache(instance_);
+  const size_t hash = std::hash<std::string_view>()(piece);
+  size_t slot = 0;
+  uint32_t count = 0;
+  if (const uint32_t* ids = cache.find(piece, hash, &slot, &count)) {
+    out->insert(out->end(), ids, ids + count);
+    return;
+  }
+  std::vector<uint32_t> symbols;
+  if (ignore_merges_) {  // Llama-3 style: a piece that is a whole token is taken as is
+    std::string chars;
+    for (unsigned char b : piece) chars += byte_level::byte_to_chars()[b];
+    auto whole = vocab_.find(chars);
+    if (whole != vocab_.end()) symbols.push_back(whole->second);
+  }
+  if (symbols.empty()) {
+    symbols.reserve(piece.size());
+    for (unsigned char b : piece) symbols.push_back(byte_ids_[b]);
+    merge_symbols(&symbols);
+  }
+  out->insert(out->end(), symbols.begin(), symbols.end());
+  if (piece.size() <= 256) cache.insert(slot, piece, hash, symbols.data(), static_cast<uint32_t>(symbols.size()));
+}
+
+// Applies merges lowest rank first and, among equal ranks, leftmost first (Hugging Face's
+// order): a linked list of symbols and a heap of candidate pairs, O(n log n) even for the long
+// pieces that runs of punctuation or digits make.
+void BpeTokenizer::merge_symbols(std::vector<uint32_t>* symbols) const {
+  std::vector<uint32_t>& id = *symbols;
+  const int n = static_cast<int>(id.size());
+  if (n < 2) return;
+  std::vector<int> prev(n), next(n);
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Candidate {
+    uint32_t rank;
+    int position;
+    uint32_t left, right;
+    bool operator>(const Candidate& other) const {
+      return rank != other.rank ? rank > other.rank : position > other.position;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto consider = [&](int i) {
+    if (i < 0 || next[i] < 0) return;
+    auto found = merges_.find((uint64_t{id[i]} << 32) | id[next[i]]);
+    if (found != merges_.end()) heap.push(Candidate{found->second.rank, i, id[i], id[next[i]]});
+  };
+  for (int i = 0; i + 1 < n; ++i) consider(i);
+  std::vector<bool> alive(n, true);
+  while (!heap.empty()) {
+    Candidate c = heap.top();
+    heap.pop();
+    int i = c.position, j = alive[i] ? next[i] : -1;
+    if (!alive[i] || j < 0 || id[i] != c.left || id[j] != c.right) continue;  // stale
+    id[i] = merges_.at((uint64_t{c.left} << 32) | c.right).merged;
+    alive[j] = false;
+    next[i] = next[j];
+    if (next[j] >= 0) prev[next[j]] = i;
+    consider(prev[i]);
+    consider(i);
+  }
+  std::vector<uint32_t> merged;
+  for (int i = 0; i >= 0; i = next[i]) merged.push_back(id[i]);
+  id.swap(merged);
+}
+
+std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
+  std::string text;
+  for (uint32_t id : ids)
+    if (id < id_bytes_.size()) text += id_bytes_[id];
+  return text;
+}
+
+}  // namespace dstrain

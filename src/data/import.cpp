@@ -1,0 +1,92 @@
+// Dispatch of `dstrain data import` by format, and `dstrain data inspect` for every corpus kind.
+#include "dstrain/data/import.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "import_llmc.h"
+#include "import_megatron.h"
+
+namespace dstrain {
+namespace {
+
+std::string inspect_dstrain(const std::string& path, uint64_t show_tokens) {
+  CorpusReader corpus(path);
+  const CorpusInfo& info = corpus.info();
+  std::vector<uint64_t> offsets = corpus.read_doc_offsets();
+  uint64_t shortest = UINT64_MAX, longest = 0;
+  for (size_t d = 0; d + 1 < offsets.size(); ++d) {
+    shortest = std::min(shortest, offsets[d + 1] - offsets[d]);
+    longest = std::max(longest, offsets[d + 1] - offsets[d]);
+  }
+  std::ostringstream out;
+  out << path << ": dstrain corpus (format version " << kCorpusFormatVersion << ")\n"
+      << "  tokenizer " << info.tokenizer << ", vocabulary " << info.vocab_size << ", end-of-document " << info.eod_id << "\n"
+      << "  " << info.n_tokens << " tokens (" << (info.vocab_size <= 65536 ? "uint16" : "uint32") << "), "
+      << info.n_documents << " documents";
+  if (info.n_documents > 0)
+    out << " of " << shortest << " to " << longest << " tokens (mean "
+        << static_cast<double>(info.n_tokens) / static_cast<double>(info.n_documents) << ")";
+  out << "\n  fingerprint " << corpus_fingerprint(corpus) << "\n";
+  const uint64_t n = std::min(show_tokens, info.n_tokens);
+  if (n > 0) {
+    std::vector<uint32_t> tokens(n);
+    corpus.read(0, n, tokens.data());
+    out << "  first tokens:";
+    for (uint32_t t : tokens) out << " " << t;
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string inspect_llmc(const std::string& path) {
+  llmc::ShardHeader h = llmc::read_header(path);
+  std::ostringstream out;
+  out << path << ": llm.c token shard, version " << h.version << " (" << (h.token_bytes == 2 ? "uint16" : "uint32")
+      << " tokens), " << h.n_tokens << " tokens\n"
+      << "  import: dstrain data import --format llmc --input " << path << " --output CORPUS.h5\n";
+  return out.str();
+}
+
+std::string inspect_megatron(const std::string& path) {
+  megatron::Index index = megatron::read_index(megatron::prefix_of(path));
+  uint64_t tokens = 0;
+  for (int32_t length : index.sequence_lengths) tokens += static_cast<uint64_t>(length);
+  std::ostringstream out;
+  out << index.prefix << ".idx/.bin: Megatron indexed dataset, " << (index.is_signed ? "int" : "uint")
+      << index.token_bytes * 8 << " tokens: " << tokens << " tokens, " << index.sequence_lengths.size()
+      << " sequences, " << index.document_starts.size() - 1 << " documents\n"
+      << "  import: dstrain data import --format megatron --input " << index.prefix
+      << " --output CORPUS.h5 --eod-id ID --vocab-size N\n";
+  return out.str();
+}
+
+}  // namespace
+
+CorpusInfo import_corpus(const ImportOptions& options) {
+  if (options.inputs.empty()) throw config_error("--input", "", "give at least one file to import");
+  if (options.output.empty()) throw config_error("--output", "", "give the corpus file to write");
+  if (options.format == "llmc") return llmc::import_shards(options);
+  if (options.format == "megatron") return megatron::import_datasets(options);
+  throw config_error("--format", options.format, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
+}
+
+std::string inspect_corpus(const std::string& path, uint64_t show_tokens) {
+  if (files::is_regular_file(path)) {
+    h5::quiet_errors();
+    if (H5Fis_hdf5(path.c_str()) > 0) return inspect_dstrain(path, show_tokens);
+    h5::last_error_message();
+    if (llmc::looks_like_shard(path)) return inspect_llmc(path);
+  }
+  if (megatron::looks_like_index(path)) return inspect_megatron(path);
+  if (!files::exists(path) && !files::exists(megatron::prefix_of(path) + ".idx"))
+    throw data_error(path + ": no such file");
+  throw data_error(path + ": not a corpus dstrain knows (a dstrain HDF5 corpus, an llm.c .bin shard, or a "
+                          "Megatron .idx/.bin dataset)");
+}
+
+}  // namespace dstrain

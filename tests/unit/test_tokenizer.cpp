@@ -1,0 +1,226 @@
+// The byte-level BPE tokenizer: encodings worked out by hand on small tokenizer.json files of
+// GPT-2's and DeepSeek's shapes, round trips of arbitrary bytes, and clear errors. Parity with
+// an independent implementation on real text is tests/parity/bpe_parity.sh.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <random>
+#include <set>
+
+#include "dstrain/data/bpe_tokenizer.h"
+#include "dstrain/data/byte_level.h"
+#include "dstrain/data/regex_splitter.h"
+#include "test_util.h"
+
+using namespace dstrain;
+using dstrain::test::expect_error;
+using dstrain::test::TempDir;
+using nlohmann::json;
+
+namespace {
+
+// A byte-level vocabulary where byte b has id b, plus one token per merge, ids from 256 on.
+json small_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges, json pre_tokenizer) {
+  json vocab = json::object();
+  const auto& chars = byte_level::byte_to_chars();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  json merge_list = json::array();
+  int next = 256;
+  for (const auto& [left, right] : merges) {
+    if (!vocab.contains(left + right)) vocab[left + right] = next++;
+    merge_list.push_back(left + " " + right);
+  }
+  return json{{"version", "1.0"},
+              {"added_tokens", json::array({json{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}},
+                                            json{{"id", next + 1}, {"content", "<|end|>"}, {"special", true}},
+                                            json{{"id", next + 2}, {"content", "<|end|>x"}, {"special", true}}})},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", pre_tokenizer},
+              {"decoder", json{{"type", "ByteLevel"}}},
+              {"model", json{{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
+}
+
+json gpt2_pre_tokenizer() { return json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}; }
+
+// DeepSeek-V3's pre-tokenizer as its tokenizer.json writes it.
+json deepseek_pre_tokenizer() {
+  auto split = [](const std::string& regex) {
+    return json{{"type", "Split"}, {"pattern", json{{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
+  };
+  return json{{"type", "Sequence"},
+              {"pretokenizers",
+               json::array({split("\\p{N}{1,3}"), split("[一-龥\u3040-ゟ゠-ヿ]+"),
+                            split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+                            json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+}
+
+std::unique_ptr<BpeTokenizer> load(const json& tokenizer) { return BpeTokenizer::from_json(tokenizer.dump(), "test.json"); }
+
+std::vector<std::string> pieces_of(const RegexSplitter& splitter, const std::string& text) {
+  std::vector<std::string_view> views;
+  splitter.split(text, &views);
+  return std::vector<std::string>(views.begin(), views.end());
+}
+
+std::string random_bytes(std::mt19937& rng, size_t n) {
+  std::string text(n, '\0');
+  for (char& c : text) c = static_cast<char>(rng() & 0xFF);
+  return text;
+}
+
+}  // namespace
+
+TEST(ByteLevel, EveryByteHasItsOwnCharacterAndComesBack) {
+  const auto& chars = byte_level::byte_to_chars();
+  EXPECT_EQ(chars[' '], "\xC4\xA0");   // U+0120 'Ġ', as in GPT-2's vocabulary
+  EXPECT_EQ(chars['\n'], "\xC4\x8A");  // U+010A 'Ċ'
+  EXPECT_EQ(chars['a'], "a");
+  EXPECT_EQ(std::set<std::string>(chars.begin(), chars.end()).size(), 256u);
+  std::string all, bytes;
+  for (int b = 0; b < 256; ++b) all += chars[b];
+  ASSERT_TRUE(byte_level::chars_to_bytes(all, &bytes));
+  ASSERT_EQ(bytes.size(), 256u);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(static_cast<unsigned char>(bytes[b]), b);
+  EXPECT_FALSE(byte_level::chars_to_bytes("\xE4\xB8\x80", &bytes));  // U+4E00 is not in the alphabet
+}
+
+TEST(RegexSplitter, Gpt2PatternSplitsAsGpt2Does) {
+  RegexSplitter gpt2(kGpt2Pattern, false, "test");
+  EXPECT_EQ(pieces_of(gpt2, "Hello world's  42x!!\n\n  end"),
+            (std::vector<std::string>{"Hello", " world", "'s", " ", " 42", "x", "!!", "\n\n ", " end"}));
+  // U+0085 is white space for Unicode (and Oniguruma, Rust's regex, Python's re), not for PCRE2's
+  // \s: the rewritten pattern must treat it as white space.
+  EXPECT_EQ(pieces_of(gpt2, "a \xC2\x85" "b"), (std::vector<std::string>{"a", " ", "\xC2\x85", "b"}));
+  // Invalid UTF-8 matches nothing and stays between the matches; nothing is lost.
+  EXPECT_EQ(pieces_of(gpt2, "ab\xFF\xFE" "cd"), (std::vector<std::string>{"ab", "\xFF\xFE", "cd"}));
+}
+
+TEST(RegexSplitter, ReorderedGpt2PatternFindsTheSamePieces) {
+  // ("|(?!)" adds an alternative that never matches: it keeps the ASCII fast path out of this.)
+  RegexSplitter original(std::string(kGpt2Pattern) + "|(?!)", false, "test"),
+      fast(std::string(kGpt2PatternFast) + "|(?!)", false, "test");
+  std::mt19937 rng(7);
+  const std::vector<std::string> parts = {"a", "Zé", "日本", "7", "٣", " ", "  ", "\n", "\t", "'s", "'ll", "'", "!?",
+                                          "\xC2\x85", "\xC2\xA0", "\xE3\x80\x80", "\xF0\x9F\x98\x80", "\xCC\x81", "\xFF"};
+  for (int round = 0; round < 2000; ++round) {
+    std::string text;
+    for (int i = 0, n = 1 + rng() % 12; i < n; ++i) text += parts[rng() % parts.size()];
+    ASSERT_EQ(pieces_of(original, text), pieces_of(fast, text)) << text;
+  }
+}
+
+// The ASCII fast path of GPT-2's pattern against PCRE2 alone (the same pattern with a different
+// spelling, which turns the fast path off), on text mostly ASCII with everything else mixed in.
+TEST(RegexSplitter, Gpt2AsciiFastPathAgreesWithTheRegex) {
+  RegexSplitter fast(kGpt2Pattern, false, "test"), regex_only(std::string(kGpt2Pattern) + "|(?!)", false, "test");
+  std::mt19937 rng(5);
+  const std::vector<std::string> parts = {"a", "Zz", "q", "7", "12", " ", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\x0b",
+                                          "\x0c", "\x1c", "'", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'r",
+                                          "!", "?!", ".", "-", "\"", "é", "日", "\xC2\x85", "\xC2\xA0", "\xE3\x80\x80",
+                                          "\xC2\xB2", "\xCC\x81", "\xFF", "\x80", "\xF0\x9F\x98\x80", std::string("x\0y", 3)};
+  for (int round = 0; round < 20000; ++round) {
+    std::string text;
+    for (int i = 0, n = 1 + rng() % 16; i < n; ++i) text += parts[rng() % parts.size()];
+    ASSERT_EQ(pieces_of(fast, text), pieces_of(regex_only, text)) << text;
+  }
+}
+
+TEST(BpeTokenizer, KnownEncodingsOfAGpt2ShapedTokenizer) {
+  auto tokenizer = load(small_tokenizer({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"}, {"o", "r"},
+                                         {"Ġw", "or"}},
+                                        gpt2_pre_tokenizer()));
+  // hello: h e l l o → he l l o → he ll o → hell o → hello; " world": Ġw o r l d → Ġw or l d → Ġwor l d
+  const uint32_t hello = 259, wor = 262;
+  EXPECT_EQ(tokenizer->encode("hello world"), (std::vector<uint32_t>{hello, wor, 'l', 'd'}));
+  // Equal ranks: leftmost first ("l l" then the leftover l).
+  EXPECT_EQ(tokenizer->encode("lll"), (std::vector<uint32_t>{257, 'l'}));
+  // Merges never cross pre-tokens: "o" and "r" sit in different pieces here.
+  EXPECT_EQ(tokenizer->encode("o r"), (std::vector<uint32_t>{'o', ' ', 'r'}));
+  // Added tokens are cut out first, the longest at a position winning.
+  const uint32_t endoftext = 263, end = 264, end_x = 265;
+  EXPECT_EQ(tokenizer->encode("he<|endoftext|><|end|>x<|end|>"), (std::vector<uint32_t>{256, endoftext, end_x, end}));
+  EXPECT_EQ(tokenizer->eod_id(), endoftext);
+  EXPECT_EQ(tokenizer->vocab_size(), 266u);
+  EXPECT_EQ(tokenizer->decode({hello, wor, 'l', 'd', endoftext}), "hello world<|endoftext|>");
+  EXPECT_EQ(tokenizer->name().rfind("bpe:test.json:", 0), 0u);
+}
+
+TEST(BpeTokenizer, DeepSeekShapedPreTokenizerSplitsDigitsAndScripts) {
+  auto tokenizer = load(small_tokenizer({{"1", "2"}, {"12", "3"}, {"3", "4"}, {"a", "b"}, {"Ġ", "a"}}, deepseek_pre_tokenizer()));
+  // \p{N}{1,3}: "12345" is "123" and "45": "3 4" would merge if the pieces were one.
+  EXPECT_EQ(tokenizer->encode("12345"), (std::vector<uint32_t>{257, '4', '5'}));
+  EXPECT_EQ(tokenizer->encode("1234"), (std::vector<uint32_t>{257, '4'}));
+  // A CJK run is a piece of its own: "ab" after it still merges, " a" (Ġa) too.
+  std::vector<uint32_t> ids = tokenizer->encode("日本ab a");
+  ASSERT_EQ(ids.size(), 6u + 2u);  // 6 bytes of 日本, then "ab" and " a"
+  EXPECT_EQ(ids[6], 259u);
+  EXPECT_EQ(ids[7], 260u);
+  EXPECT_EQ(tokenizer->decode(ids), "日本ab a");
+}
+
+TEST(BpeTokenizer, AnyBytesRoundTrip) {
+  std::mt19937 rng(11);
+  for (const json& pre : {gpt2_pre_tokenizer(), deepseek_pre_tokenizer()}) {
+    const auto& chars = byte_level::byte_to_chars();
+    auto tokenizer = load(small_tokenizer({{"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {chars[0xC3], chars[0xA9]}}, pre));
+    for (int round = 0; round < 300; ++round) {
+      std::string text = random_bytes(rng, rng() % 200);
+      ASSERT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+    }
+    std::string text = "the caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC 123456 \xF0\x9F\x98\x80 \xC0\xAF \xED\xA0\x80 \r\n\t end  ";
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+  }
+}
+
+TEST(BpeTokenizer, ReadsTokenizerJsonFilesWithEitherMergeFormat) {
+  TempDir dir;
+  json tokenizer = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  dir.write("strings.json", tokenizer.dump());
+  tokenizer["model"]["merges"] = json::array({json::array({"h", "e"})});  // newer files: pairs
+  dir.write("pairs.json", tokenizer.dump());
+  for (const char* name : {"strings.json", "pairs.json"})
+    EXPECT_EQ(BpeTokenizer::from_file(dir.path(name))->encode("hex"), (std::vector<uint32_t>{256, 'x'})) << name;
+  EXPECT_EQ(BpeTokenizer::from_file(dir.path("pairs.json"), "<|end|>")->eod_id(), 258u);
+}
+
+TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
+  json good = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  json bad = good;
+  bad["model"]["vocab"].erase("a");
+  SCOPED_TRACE("case 1");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"test.json", "model.vocab", "byte 97"});
+  bad = good;
+  bad["model"]["merges"].push_back("x zz");
+  SCOPED_TRACE("case 2");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"test.json", "model.merges[1]", "missing from model.vocab"});
+  bad = good;
+  bad["pre_tokenizer"] = json{{"type", "Whitespace"}};
+  SCOPED_TRACE("case 3");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"pre_tokenizer.type", "Whitespace", "ByteLevel, Split or Sequence"});
+  bad = good;
+  bad["pre_tokenizer"] = json{{"type", "Split"}, {"pattern", json{{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  SCOPED_TRACE("case 4");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"pre_tokenizer", "(unclosed", "does not compile"});
+  bad = good;
+  bad["model"]["type"] = "WordPiece";
+  SCOPED_TRACE("case 5");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"model.type", "WordPiece", "BPE"});
+  bad = good;
+  bad["normalizer"] = json{{"type", "NFKC"}};
+  SCOPED_TRACE("case 6");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"normalizer", "NFKC"});
+  bad = good;
+  bad["added_tokens"] = json::array();
+  SCOPED_TRACE("case 7");
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"--eod-token", "<|endoftext|>"});
+  SCOPED_TRACE("case 8");
+  expect_error([&] { BpeTokenizer::from_json(good.dump(), "test.json", "<nope>"); }, ExitCode::kUsage,
+               {"--eod-token", "<nope>"});
+  SCOPED_TRACE("case 9");
+  expect_error([&] { BpeTokenizer::from_json("{\"model\": ", "broken.json"); }, ExitCode::kUsage,
+               {"broken.json", "not valid JSON"});
+  SCOPED_TRACE("case 10");
+  expect_error([&] { BpeTokenizer::from_file("/nonexistent/tokenizer.json"); }, ExitCode::kUsage,
+               {"--tokenizer", "/nonexistent/tokenizer.json"});
+}
