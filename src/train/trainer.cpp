@@ -32,6 +32,7 @@
 #include "dstrain/optim/lr_schedule.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
+#include "dstrain/train/agreed_phase.h"
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/metrics.h"
@@ -637,26 +638,6 @@ TrainResult Trainer::run() {
               summary_path_, config_.ckpt.save_final ? "  model: " + config_.run.dir + "/final_model.h5" : "");
   }
   return result;
-}
-
-// Runs one phase of the start-up in which any rank may fail on its own; afterwards every rank
-// knows whether all succeeded, and the lowest failing rank reports (one message, not one per rank).
-// A phase that contains collectives fails on all ranks alike, or not at all.
-template <typename Phase>
-void agreed_phase(int world_rank, Phase&& phase) {
-  std::optional<Error> failure;
-  try {
-    phase();
-  } catch (const Error& e) {
-    failure = e;
-  } catch (const std::exception& e) {
-    failure = Error(ExitCode::kInternal, e.what());
-  }
-  FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0,
-                                                failure && failure->what()[0] != '\0');
-  if (agreement.exit_code == 0) return;
-  if (agreement.reporter == world_rank) throw *failure;
-  throw Error(static_cast<ExitCode>(agreement.exit_code), "");  // reported by another rank
 }
 
 }  // namespace
