@@ -44,10 +44,13 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice) : conf
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
 }
 
-std::vector<MoE> CausalLMImpl::moe_layers() const {
-  std::vector<MoE> moe;
-  for (const DecoderLayer& layer : model_->layers())
-    if (layer->moe()) moe.push_back(layer->moe());
+std::vector<std::pair<int64_t, MoE>> CausalLMImpl::moe_layers() const {
+  std::vector<std::pair<int64_t, MoE>> moe;
+  int64_t index = slice_.first;
+  for (const DecoderLayer& layer : model_->layers()) {
+    if (layer->moe()) moe.emplace_back(index, layer->moe());
+    ++index;
+  }
   return moe;
 }
 

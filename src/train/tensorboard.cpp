@@ -22,6 +22,7 @@ std::string tensorboard_tag(const std::string& key) {
       {"mfu", "perf/mfu"},
       {"pipeline_idle", "perf/pipeline_idle"},
       {"memory_gib", "perf/memory_gib"},
+      {"expert_load_max_over_mean", "moe/expert_load_max_over_mean"},
   };
   if (key == "step") return "";
   auto it = tags.find(key);
@@ -40,6 +41,10 @@ void TensorBoardLog::write(const nlohmann::json& record) {
   for (const auto& [key, value] : record.items()) {
     const std::string tag = tensorboard_tag(key);
     if (!tag.empty() && value.is_number()) scalars.emplace_back(tag, value.get<float>());
+    // Per-layer values (MoE expert load): one scalar per layer, "<tag>/layer_<index>".
+    if (!tag.empty() && value.is_object())
+      for (const auto& [part, number] : value.items())
+        if (number.is_number()) scalars.emplace_back(tag + "/layer_" + part, number.get<float>());
   }
   writer_->write_scalars(record.value("step", int64_t{0}), scalars);
 }

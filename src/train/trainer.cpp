@@ -156,7 +156,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;  // this stage's model chunks and schedule
   NamedTensors params_;                          // of every chunk of this stage
   NamedTensors trainable_;                       // those the optimizer updates (not MoE's balancing bias)
-  std::vector<MoE> moe_layers_;                  // of every chunk of this stage
+  std::vector<std::pair<int64_t, MoE>> moe_layers_;  // of every chunk of this stage, by layer index
   torch::Tensor expert_balance_;                 // the last step's max/mean expert load of each MoE layer
   std::unique_ptr<GradientBuffer> grads_;
   std::unique_ptr<AdamW> optimizer_;
@@ -220,7 +220,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   for (const auto& [name, p] : params_)
     if (p.requires_grad()) trainable_.emplace_back(name, p);
   for (const CausalLM& chunk : chunks)
-    for (const MoE& moe : chunk->moe_layers()) moe_layers_.push_back(moe);
+    for (const auto& layer : chunk->moe_layers()) moe_layers_.push_back(layer);
   config_text_ = effective.to_ini();
   for (const LayerSlice& slice : slices)
     stage_layers_text_ += (stage_layers_text_.empty() ? "" : ",") + std::to_string(slice.last - slice.first);
@@ -332,10 +332,11 @@ void Trainer::balance_experts() {
   // The whole step's expert loads (every micro-batch, every data-parallel rank), in one
   // reduction for all layers: the bias moves the same way on every rank.
   std::vector<torch::Tensor> loads;
-  for (MoE& moe : moe_layers_) loads.push_back(moe->expert_load());
+  for (auto& [index, moe] : moe_layers_) loads.push_back(moe->expert_load());
   torch::Tensor all = torch::stack(loads);
   parallel_.dp_group->all_reduce(all, ReduceOp::kSum);
-  for (size_t i = 0; i < moe_layers_.size(); ++i) moe_layers_[i]->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed);
+  for (size_t i = 0; i < moe_layers_.size(); ++i)
+    moe_layers_[i].second->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed);
   expert_balance_ = std::get<0>(all.max(1)) / all.mean(1);
 }
 
@@ -400,11 +401,17 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
   }
   if (expert_balance_.defined()) {
     // This stage's MoE layers: max/mean of the tokens their experts received in the last step
-    // (1 is perfect balance).
+    // (1 is perfect balance), by layer index.
     torch::Tensor balance = expert_balance_.to(torch::kCPU, torch::kFloat64);
-    std::vector<double> per_layer(balance.data_ptr<double>(), balance.data_ptr<double>() + balance.numel());
+    nlohmann::json per_layer = nlohmann::json::object();
+    double worst = 0;
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      const double value = balance[static_cast<int64_t>(i)].item<double>();
+      per_layer[std::to_string(moe_layers_[i].first)] = value;
+      worst = std::max(worst, value);
+    }
     record["expert_load_max_over_mean"] = per_layer;
-    std::snprintf(text, sizeof text, " | expert load max/mean %.2f", *std::max_element(per_layer.begin(), per_layer.end()));
+    std::snprintf(text, sizeof text, " | expert load max/mean %.2f", worst);
     extra += text;
   }
   if (loss_scaler_) {

@@ -51,13 +51,18 @@ void expect_events_match_records(const std::vector<nlohmann::json>& events, cons
     const nlohmann::json& event = events[i];
     EXPECT_EQ(event["step"], record["step"]) << "record " << i;
     size_t numbers = 0;
-    for (const auto& [key, value] : record.items()) {
-      if (key == "step" || !value.is_number()) continue;
+    auto expect_scalar = [&](const std::string& tag, const nlohmann::json& value) {
       ++numbers;
-      const std::string tag = dstrain::tensorboard_tag(key);
       ASSERT_TRUE(event["scalars"].contains(tag)) << tag << " missing at step " << record["step"];
       EXPECT_EQ(event["scalars"][tag].get<double>(), static_cast<double>(value.get<float>()))
           << tag << " at step " << record["step"];
+    };
+    for (const auto& [key, value] : record.items()) {
+      if (key == "step") continue;
+      if (value.is_number()) expect_scalar(dstrain::tensorboard_tag(key), value);
+      if (value.is_object())  // per layer
+        for (const auto& [layer, number] : value.items())
+          expect_scalar(dstrain::tensorboard_tag(key) + "/layer_" + layer, number);
     }
     EXPECT_EQ(event["scalars"].size(), numbers) << "record " << i;
   }
@@ -103,4 +108,18 @@ TEST(TensorBoard, ResumedRunMarksTheRestartInANewFile) {
   for (const nlohmann::json& r : read_jsonl(dir + "/metrics.jsonl"))
     if (r["step"].get<int>() > 10) later.push_back(r);
   expect_events_match_records(events, later);
+}
+
+// An MoE model's per-layer expert balance: one scalar per MoE layer.
+TEST(TensorBoard, MoeExpertLoadPerLayer) {
+  const std::string dir = scratch_dir("tensorboard-moe");
+  RunOutput run = run_dstrain(1, {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini", "--run.dir",
+                                  dir, "--data.train", test_corpus().train, "--train.device", "cpu", "--train.steps", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<nlohmann::json> events = decode(event_files(dir));
+  ASSERT_FALSE(events.empty());
+  events.erase(events.begin());  // the file_version record
+  expect_events_match_records(events, read_jsonl(dir + "/metrics.jsonl"));
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_TRUE(events.back()["scalars"].contains("moe/expert_load_max_over_mean/layer_2"));
 }

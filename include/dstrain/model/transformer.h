@@ -41,8 +41,8 @@ class CausalLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input);
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
-  // The MoE layers of this slice (empty for a dense model).
-  std::vector<MoE> moe_layers() const;
+  // The MoE layers of this slice with their global layer index (empty for a dense model).
+  std::vector<std::pair<int64_t, MoE>> moe_layers() const;
 
  private:
   ModelConfig config_;
