@@ -32,6 +32,10 @@ void add_model_options(OptionTable& t) {
   t.add("model.rope_scaling_factor", OptionKind::kFloat, "1",
         "YaRN context extension factor (1: none); with it the softmax scale is multiplied by mscale^2");
   t.add("model.rope_mscale_all_dim", OptionKind::kFloat, "0", "YaRN mscale_all_dim (0: no softmax correction)");
+  t.add("model.rope_mscale", OptionKind::kFloat, "1", "YaRN mscale of the rotary tables");
+  t.add("model.rope_original_max_seq_len", OptionKind::kInt, "4096", "YaRN: the context length the model was trained at");
+  t.add("model.rope_beta_fast", OptionKind::kFloat, "32", "YaRN: pairs turning more often than this keep their frequency");
+  t.add("model.rope_beta_slow", OptionKind::kFloat, "1", "YaRN: pairs turning less often than this are interpolated");
   // DeepSeekMoE.
   t.add("model.n_routed_experts", OptionKind::kInt, "0", "MoE: routed experts per MoE layer (0: a dense model)");
   t.add("model.n_shared_experts", OptionKind::kInt, "0", "MoE: shared experts, which every token passes through");
@@ -90,6 +94,10 @@ ModelConfig read_model_config(const Options& o) {
   c.v_head_dim = o.get_int("model.v_head_dim", 0);
   c.rope_scaling_factor = o.get_float("model.rope_scaling_factor", 1.0, 1e6);
   c.rope_mscale_all_dim = o.get_float("model.rope_mscale_all_dim", 0.0, 100.0);
+  c.rope_mscale = o.get_float("model.rope_mscale", 0.0, 100.0);
+  c.rope_original_max_seq_len = o.get_int("model.rope_original_max_seq_len", 1);
+  c.rope_beta_fast = o.get_float("model.rope_beta_fast", 1e-6, 1e6);
+  c.rope_beta_slow = o.get_float("model.rope_beta_slow", 1e-6, 1e6);
   c.n_routed_experts = o.get_int("model.n_routed_experts", 0);
   c.n_shared_experts = o.get_int("model.n_shared_experts", 0);
   c.moe_intermediate_size = o.get_int("model.moe_intermediate_size", 0);

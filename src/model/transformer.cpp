@@ -17,7 +17,9 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
-    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave)) {
+    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
+                                        YarnScaling{c.rope_scaling_factor, c.rope_original_max_seq_len, c.rope_beta_fast,
+                                                    c.rope_beta_slow, c.rope_mscale, c.rope_mscale_all_dim})) {
   // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
   rope_.cos = register_buffer("rope_cos", rope_.cos);
   rope_.sin = register_buffer("rope_sin", rope_.sin);

@@ -145,3 +145,29 @@ TEST(MultiHeadLatentAttention, DeepSeekV3ShapedModelHasHuggingFaceNames) {
   torch::Tensor ids = torch::randint(0, c.vocab_size, {2, 5}, torch::kInt64);
   EXPECT_EQ(model(ids).sizes(), (std::vector<int64_t>{2, 5, 40}));
 }
+
+// YaRN's rotary tables (DeepSeek-V2/V3 at 128K): at position 1 the sine of each pair's frequency,
+// times the magnitude mscale(factor, 1) / mscale(factor, 0). With head dim 64, theta 1e4 and an
+// original context of 4096, pairs 0-10 turn more than 32 times over it and keep their frequency,
+// pairs from 23 on turn less than once and are divided by the factor, a linear ramp between.
+TEST(MultiHeadLatentAttention, YarnTablesInterpolateOnlyTheSlowPairs) {
+  const int64_t d = 64;
+  const double theta = 10000, factor = 40;
+  YarnScaling yarn;
+  yarn.factor = factor;
+  yarn.original_max_seq_len = 4096;
+  RopeTables tables = make_rope_tables(8, d, theta, /*interleave=*/true, yarn);
+  const double magnitude = 0.1 * std::log(factor) + 1.0;
+  // low = floor(d ln(4096 / (32 · 2π)) / (2 ln θ)) = 10, high = ceil(d ln(4096 / 2π) / (2 ln θ)) = 23
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double base = std::pow(theta, -2.0 * i / d);
+    const double ramp = std::min(1.0, std::max(0.0, (i - 10.0) / 13.0));
+    const double expected = base * (1 - ramp) + base / factor * ramp;
+    const double sine = tables.sin[1][2 * i + 1].item<double>();
+    EXPECT_NEAR(std::asin(sine / magnitude) / expected, 1.0, 1e-5) << "pair " << i;
+    EXPECT_NEAR(tables.cos[1][2 * i].item<double>(), magnitude * std::cos(expected), 1e-6) << "pair " << i;
+  }
+  // Without scaling: the plain tables.
+  RopeTables plain = make_rope_tables(8, d, theta, true);
+  EXPECT_NEAR(plain.sin[1][1].item<double>(), std::sin(1.0), 1e-7);
+}

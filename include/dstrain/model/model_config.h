@@ -29,10 +29,14 @@ struct ModelConfig {
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 0;  // 0: MHA/GQA
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
-  // YaRN rope scaling: its factor (1: none) and the attention temperature it implies, which
+  // YaRN rope scaling (rope.h): its factor (1: none), the frequency ramp between beta_fast and
+  // beta_slow rotations over the original context, and the attention temperature, which
   // multiplies the softmax scale by mscale(factor, mscale_all_dim)^2.
   double rope_scaling_factor = 1.0;
   double rope_mscale_all_dim = 0.0;
+  double rope_mscale = 1.0;
+  int64_t rope_original_max_seq_len = 4096;  // the context the model was trained at
+  double rope_beta_fast = 32, rope_beta_slow = 1;
 
   // DeepSeekMoE: layers from first_k_dense_replace on, every moe_layer_freq-th, replace the dense
   // MLP by n_shared_experts (as one MLP of width moe_intermediate_size × n_shared_experts) plus

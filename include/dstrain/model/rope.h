@@ -17,7 +17,20 @@ struct RopeTables {
   bool interleave = false;
 };
 
-RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta, bool interleave);
+// YaRN context extension (Peng et al. 2023), as DeepSeek-V2/V3 apply it: pairs that turn fewer
+// than beta_slow times over original_max_seq_len are interpolated (frequency / factor), pairs
+// that turn more than beta_fast times keep their frequency, a linear ramp between; the tables are
+// multiplied by mscale(factor, mscale) / mscale(factor, mscale_all_dim), where
+// mscale(s, m) = 0.1 m ln(s) + 1. factor 1: plain RoPE.
+struct YarnScaling {
+  double factor = 1.0;
+  int64_t original_max_seq_len = 4096;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 1, mscale_all_dim = 0;
+};
+
+RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta, bool interleave,
+                            const YarnScaling& yarn = {});
 
 // x: [batch, heads, seq, head_dim]; positions 0 .. seq-1.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
