@@ -2,9 +2,10 @@
 
 namespace dstrain {
 
-torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group, Communicator* shard_group) {
+torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group) {
   torch::NoGradGuard no_grad;
-  const bool sharded = shard_group && shard_group->size() > 1;
+  Communicator* shard_group = buffer.shard_group();
+  const bool sharded = shard_group != nullptr;
   const bool staged = model_group && model_group->size() > 1;
   if (!sharded) {
     torch::Tensor norm = buffer.flat().norm();

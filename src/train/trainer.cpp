@@ -313,8 +313,7 @@ StepTensors Trainer::train_step(int64_t step) {
   torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum), loss_scale);
   grads_->reduce();
   if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
-  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get(),
-                                        grads_->sharded() ? parallel_.dp_group.get() : nullptr);
+  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
   // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the
   // device); the next log line reports it, and stops the run unless fp16 overflow explains it.
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);

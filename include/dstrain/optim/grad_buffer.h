@@ -66,6 +66,8 @@ class GradientBuffer {
   size_t buckets() const { return buckets_.size(); }
 
   bool sharded() const { return sharded_; }
+  // The DP ranks holding the other shards (sharded only; else nullptr).
+  Communicator* shard_group() const { return sharded_ ? reduction_.dp_group : nullptr; }
   // What this rank's optimizer updates, in the order of `params`: every parameter whole, or
   // sharded the pieces of those that fall in this rank's shard.
   const std::vector<ParameterShard>& shards() const { return shards_; }

@@ -11,10 +11,9 @@
 namespace dstrain {
 
 // The L2 norm of every gradient, as a 0-dim fp32 tensor. `model_group` (the pipeline stages
-// holding the other parameters; nullptr when this rank holds them all) adds their squares;
-// `shard_group` (ZeRO-1: the DP ranks holding the other shards; nullptr when the buffer is not
-// sharded) adds theirs.
-torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group, Communicator* shard_group = nullptr);
+// holding the other parameters; nullptr when this rank holds them all) adds their squares; a
+// sharded buffer (ZeRO-1) adds those of the other shards from its own group.
+torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group);
 
 // Scales the gradients so that their global norm is at most `max_norm`, as
 // torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), capped at 1);
