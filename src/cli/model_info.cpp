@@ -106,6 +106,11 @@ int model_command(const std::vector<std::string>& args_given) {
         activations += activation_elements_per_token(m, layer);
       }
       if (slice.has_head) activations += static_cast<double>(m.vocab_size) * 2;  // logits and their softmax
+      if (slice.has_head && m.num_nextn_predict_layers > 0) {  // the MTP modules, each a layer and logits more
+        params += static_cast<double>(count_parameters(m).mtp);
+        activations += static_cast<double>(m.num_nextn_predict_layers) *
+                       (activation_elements_per_token(m, m.num_layers) + static_cast<double>(m.vocab_size) * 2);
+      }
     }
     stage_params = std::max(stage_params, params);
     stage_activations = std::max(stage_activations, activations);

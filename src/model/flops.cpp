@@ -78,9 +78,17 @@ double head_training_flops_per_token(const ModelConfig& c) {
   return 6.0 * static_cast<double>(c.vocab_size * c.hidden_size);
 }
 
+double mtp_training_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  // Each module: eh_proj (2h → h), its decoder layer, and the shared LM head once more.
+  const double h = static_cast<double>(c.hidden_size);
+  const double module = 6.0 * 2 * h * h + layer_training_flops_per_token(c, seq_len, c.num_layers) +
+                        head_training_flops_per_token(c);
+  return static_cast<double>(c.num_nextn_predict_layers) * module;
+}
+
 double training_flops_per_token(const ModelConfig& c, int64_t seq_len) {
   return static_cast<double>(c.num_layers) * layer_training_flops_per_token(c, seq_len) +
-         head_training_flops_per_token(c);
+         head_training_flops_per_token(c) + mtp_training_flops_per_token(c, seq_len);
 }
 
 }  // namespace dstrain

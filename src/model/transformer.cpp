@@ -29,21 +29,39 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
     layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i)));
+  // The multi-token prediction modules follow the last layer, on the stage of the head.
+  if (slice.has_head)
+    for (int64_t i = c.num_layers; i < c.num_layers + c.num_nextn_predict_layers; ++i)
+      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i)));
   register_module("layers", layers);
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor DecoderStackImpl::forward(const torch::Tensor& input) {
-  torch::Tensor h = slice_.has_embedding ? embed_tokens_(input) : input;
+torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
   for (DecoderLayer& layer : layers_) h = layer(h, rope_);
   return slice_.has_head ? norm_(h) : h;
 }
 
-CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice) : config_(c), slice_(slice) {
+torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor& previous,
+                                              const torch::Tensor& embedded) {
+  return mtp_.at(static_cast<size_t>(depth - 1))->predict(previous, embedded, rope_);
+}
+
+torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {
+  return mtp_.at(static_cast<size_t>(depth - 1))->head_input(hidden);
+}
+
+CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice)
+    : config_(c), slice_(slice),
+      carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)) {
   model_ = register_module("model", DecoderStack(c, slice));
   if (slice.has_head)
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+}
+
+int64_t CausalLMImpl::stage_activation_width(const ModelConfig& c, int virtual_stages) {
+  return c.num_nextn_predict_layers > 0 && virtual_stages > 1 ? 2 * c.hidden_size : c.hidden_size;
 }
 
 std::vector<std::pair<int64_t, MoE>> CausalLMImpl::moe_layers() const {
@@ -53,12 +71,56 @@ std::vector<std::pair<int64_t, MoE>> CausalLMImpl::moe_layers() const {
     if (layer->moe()) moe.emplace_back(index, layer->moe());
     ++index;
   }
+  for (const MultiTokenPrediction& module : model_->mtp_modules()) {
+    if (module->moe()) moe.emplace_back(index, module->moe());
+    ++index;
+  }
   return moe;
 }
 
+std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::hidden_and_embeddings(const torch::Tensor& input) {
+  torch::Tensor hidden, embeddings;
+  if (slice_.has_embedding) {
+    hidden = model_->embed(input);
+    // Kept for the MTP modules of this slice or of the last stage.
+    if (config_.num_nextn_predict_layers > 0) embeddings = hidden;
+  } else if (carries_embeddings_) {
+    const int64_t h = config_.hidden_size;
+    hidden = input.narrow(-1, 0, h);
+    embeddings = input.narrow(-1, h, h);
+  } else {
+    hidden = input;
+  }
+  return {model_->forward_layers(hidden), embeddings};
+}
+
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
-  torch::Tensor h = model_(input);
-  return slice_.has_head ? lm_head_(h) : h;
+  auto [hidden, embeddings] = hidden_and_embeddings(input);
+  if (slice_.has_head) return lm_head_(hidden);
+  return carries_embeddings_ ? torch::cat({hidden, embeddings}, -1) : hidden;
+}
+
+LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch::Tensor& tokens, bool with_mtp) {
+  auto [hidden, embeddings] = hidden_and_embeddings(input);
+  const int64_t seq = hidden.size(1);
+  LanguageModelLosses losses;
+  losses.next_token = lm_loss(lm_head_(hidden), tokens.narrow(1, 1, seq));
+  const int64_t depths = config_.num_nextn_predict_layers;
+  if (!with_mtp || depths == 0) return losses;
+  if (seq <= depths)
+    throw std::invalid_argument("multi-token prediction needs sequences longer than num_nextn_predict_layers");
+  // Depth k sees positions 0 .. S-1-k: the embedding of t_{i+k} (an input position, so the
+  // first stage's embeddings hold it) and predicts t_{i+k+1}. Depth 1 starts from the main
+  // model's normalised output, depth k + 1 from depth k's decoder layer output.
+  torch::Tensor sum;
+  for (int64_t k = 1; k <= depths; ++k) {
+    const int64_t n = seq - k;
+    hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
+    torch::Tensor loss = lm_loss(lm_head_(model_->mtp_head_input(k, hidden)), tokens.narrow(1, k + 1, n));
+    sum = sum.defined() ? sum + loss : loss;
+  }
+  losses.mtp = sum / static_cast<double>(depths);
+  return losses;
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -8,7 +8,9 @@ namespace dstrain {
 PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, std::vector<CausalLM> chunks,
                                    Communicator& pp_group, const ActivationShape& shape)
     : train_(std::move(train)), eval_(std::move(eval)), stage_(stage), chunks_(std::move(chunks)),
-      pp_group_(pp_group), shape_(shape) {}
+      pp_group_(pp_group), shape_(shape),
+      activation_width_(CausalLMImpl::stage_activation_width(chunks_.front()->config(),
+                                                              train_.pp * train_.virtual_stages)) {}
 
 bool PipelineExecutor::has_loss() const {
   return train_.virtual_stage(stage_, train_.virtual_stages - 1) == train_.last_virtual_stage();
@@ -41,6 +43,10 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
   const int64_t seq = shape_.seq_len;
   const accel::Timestamp step_start = accel::Timestamp::now(device);
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(training ? torch::kFloat32 : torch::kFloat64).device(device));
+  const double mtp_weight = chunks_.front()->config().mtp_loss_weight;
+  mtp_loss_ = training && has_loss() && chunks_.front()->config().num_nextn_predict_layers > 0
+                  ? torch::zeros({}, torch::dtype(torch::kFloat32).device(device))
+                  : torch::Tensor();
   std::map<int, torch::Tensor> batches;  // fetched once per micro-batch
   auto tokens = [&](int microbatch) -> const torch::Tensor& {
     auto it = batches.find(microbatch);
@@ -48,7 +54,7 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
     return it->second;
   };
   auto activation_buffer = [&] {
-    return torch::empty({shape_.micro_batch, seq, shape_.hidden}, torch::dtype(shape_.dtype).device(device));
+    return torch::empty({shape_.micro_batch, seq, activation_width_}, torch::dtype(shape_.dtype).device(device));
   };
 
   const std::vector<Action>& actions = schedule.stages[stage_];
@@ -102,18 +108,19 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
     if (a.kind == ActionKind::kForward) {
       torch::Tensor input = vs == 0 ? tokens(a.microbatch).narrow(1, 0, seq) : inputs_.at(key);
       if (!training) inputs_.erase(key);  // no backward will need it
-      torch::Tensor output = chunks_[a.chunk]->forward(input);
       if (vs == schedule.last_virtual_stage()) {
-        torch::Tensor loss = lm_loss(output, tokens(a.microbatch).narrow(1, 1, seq));
+        // Multi-token prediction trains; evaluation measures the next token only.
+        const LanguageModelLosses losses = chunks_[a.chunk]->losses(input, tokens(a.microbatch), training);
         if (training) {
-          loss = loss / loss_divisor;
-          loss_sum += loss.detach();
+          torch::Tensor loss = losses.total(mtp_weight) / loss_divisor;
+          loss_sum += losses.next_token.detach() / loss_divisor;
+          if (losses.mtp.defined()) mtp_loss_ += losses.mtp.detach() / loss_divisor;
           outputs_[key] = loss_scale.defined() ? loss * loss_scale : loss;
         } else {
-          loss_sum += loss.to(torch::kFloat64);
+          loss_sum += losses.next_token.to(torch::kFloat64);
         }
       } else {
-        outputs_[key] = output;
+        outputs_[key] = chunks_[a.chunk]->forward(input);
       }
       continue;
     }

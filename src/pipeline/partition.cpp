@@ -75,7 +75,9 @@ std::vector<LayerSlice> partition_layers(const ModelConfig& model, int64_t seq_l
                        "more pipeline stages (pp × virtual_stages = " + std::to_string(stages) +
                            ") than model.num_layers = " + std::to_string(model.num_layers) +
                            "; every stage needs at least one layer");
-  const double head = head_training_flops_per_token(model) / layer_training_flops_per_token(model, seq_len);
+  // The last stage also computes the multi-token prediction modules.
+  const double head = (head_training_flops_per_token(model) + mtp_training_flops_per_token(model, seq_len)) /
+                      layer_training_flops_per_token(model, seq_len);
   return slices_from_counts(balanced_counts(model.num_layers, stages, head));
 }
 

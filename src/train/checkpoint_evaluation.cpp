@@ -95,7 +95,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   PipelineExecutor executor(make_schedule(kind, pp, chunks_per_stage, microbatches),
                             make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, chunks,
                             *parallel.pp_group,
-                            ActivationShape{c.loop.micro_batch, c.loop.seq_len, c.model.hidden_size, dtype, placement.device});
+                            ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, placement.device});
   LoaderOptions loader;
   loader.seq_len = static_cast<uint64_t>(c.loop.seq_len);
   loader.layout = {static_cast<uint64_t>(c.loop.micro_batch), static_cast<uint64_t>(c.loop.grad_accum),

@@ -9,6 +9,7 @@ namespace dstrain {
 std::string tensorboard_tag(const std::string& key) {
   static const std::map<std::string, std::string> tags = {
       {"loss", "train/loss"},
+      {"mtp_loss", "train/mtp_loss"},
       {"lr", "train/lr"},
       {"grad_norm", "train/grad_norm"},
       {"loss_scale", "train/loss_scale"},

@@ -86,7 +86,8 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 // One step's results, still on the device: the host reads them only when it logs.
 struct StepTensors {
-  torch::Tensor loss;       // this rank's mean loss over its micro-batches
+  torch::Tensor loss;       // this rank's mean next-token loss over its micro-batches
+  torch::Tensor mtp_loss;   // ... and multi-token prediction loss (0 on the other stages; undefined without MTP)
   torch::Tensor grad_norm;  // global, before clipping
 };
 
@@ -234,7 +235,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   executor_ = std::make_unique<PipelineExecutor>(
       make_schedule(schedule, pp, chunks_per_stage, microbatches),
       make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, chunks,
-      *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, c.model.hidden_size, dtype, device});
+      *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
   std::vector<torch::Tensor> use_order;  // chunk after chunk, each in the order it registered them
   for (const CausalLM& chunk : chunks)
     for (const torch::Tensor& p : chunk->parameters())
@@ -323,7 +324,10 @@ StepTensors Trainer::train_step(int64_t step) {
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
   if (!moe_layers_.empty()) balance_experts();
-  return {loss_sum, norm};
+  torch::Tensor mtp_loss;
+  if (config_.model.num_nextn_predict_layers > 0)
+    mtp_loss = executor_->has_loss() ? executor_->mtp_loss() : torch::zeros_like(loss_sum);
+  return {loss_sum, mtp_loss, norm};
 }
 
 void Trainer::balance_experts() {
@@ -347,13 +351,14 @@ double Trainer::evaluate() {
 LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, const Interval& interval,
                                      double earlier_seconds) {
   // The only host synchronisation of the interval: the values below wait for its last step.
-  // The loss is on the last stage: the sum over the stages brings it to every stage.
+  // The losses are on the last stage: the sum over the stages brings them to every stage.
   torch::Tensor loss = tensors.loss.to(torch::kFloat64).reshape({1});
+  if (tensors.mtp_loss.defined()) loss = torch::cat({loss, tensors.mtp_loss.to(torch::kFloat64).reshape({1})});
   parallel_.pp_group->all_reduce(loss, ReduceOp::kSum);
   parallel_.dp_group->all_reduce(loss, ReduceOp::kAvg);
   parallel_.pp_group->synchronize();
   parallel_.dp_group->synchronize();
-  const double loss_value = loss.item<double>(), grad_norm = tensors.grad_norm.item<double>();
+  const double loss_value = loss[0].item<double>(), grad_norm = tensors.grad_norm.item<double>();
   const double seconds = seconds_since(interval.start);
   // A non-finite loss goes with a non-finite gradient norm: what check_finite_steps decides.
   if (!std::isfinite(loss_value) && !config_.optim.skip_nonfinite && !loss_scaler_)
@@ -376,6 +381,12 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                            {"step_time_s", step_seconds},
                            {"consumed_samples", consumed_samples(step)},
                            {"tokens", consumed_samples(step) * static_cast<uint64_t>(config_.loop.seq_len)}};
+  if (tensors.mtp_loss.defined()) {
+    const double mtp_loss = loss[1].item<double>();
+    record["mtp_loss"] = mtp_loss;
+    std::snprintf(text, sizeof text, " | MTP loss %.4f", mtp_loss);
+    extra += text;
+  }
   if (peak_flops_ > 0) {
     const double mfu = flops_per_token_ * tokens_per_s / peak_flops_;
     record["mfu"] = mfu;

@@ -1,8 +1,11 @@
 // A DeepSeek-V3-shaped model (input/tiny-v3.ini: MLA, MoE with sigmoid group-limited routing,
-// the balancing bias and the balance loss) end to end on real mpirun ranks.
+// the balancing bias and the balance loss, a multi-token prediction module) end to end on real
+// mpirun ranks.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "dstrain/ckpt/parameter_file.h"
 #include "e2e_util.h"
@@ -44,12 +47,18 @@ TEST(DeepSeekV3, DataAndPipelineParallelMatchOneRank) {
   ASSERT_EQ(reference.size(), 20u);
   for (size_t i = 0; i < mine.size(); ++i) {
     EXPECT_NEAR(mine[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+    // The multi-token prediction module trains on the last stage with the embeddings the first
+    // stage computed.
+    ASSERT_TRUE(mine[i].contains("mtp_loss"));
+    EXPECT_NEAR(mine[i]["mtp_loss"].get<double>(), reference[i]["mtp_loss"].get<double>(), 1e-5) << "step " << i + 1;
     ASSERT_TRUE(reference[i].contains("expert_load_max_over_mean"));
-    EXPECT_EQ(reference[i]["expert_load_max_over_mean"].size(), 2u);  // layers 1 and 2 are MoE layers
-    EXPECT_GE(reference[i]["expert_load_max_over_mean"]["1"].get<double>(), 1.0);
-    EXPECT_GE(reference[i]["expert_load_max_over_mean"]["2"].get<double>(), 1.0);
+    // Layers 1 and 2 are MoE layers, and so is the MTP module's (layer 3).
+    EXPECT_EQ(reference[i]["expert_load_max_over_mean"].size(), 3u);
+    for (const char* layer : {"1", "2", "3"})
+      EXPECT_GE(reference[i]["expert_load_max_over_mean"][layer].get<double>(), 1.0);
   }
   EXPECT_LT(reference.back()["loss"].get<double>(), reference.front()["loss"].get<double>() - 0.5);
+  EXPECT_LT(reference.back()["mtp_loss"].get<double>(), reference.front()["mtp_loss"].get<double>() - 0.5);
 
   dstrain::NamedTensors a = dstrain::read_parameter_file(dir + "/final_model.h5");
   dstrain::NamedTensors b = dstrain::read_parameter_file(single_rank() + "/final_model.h5");
@@ -62,6 +71,8 @@ TEST(DeepSeekV3, DataAndPipelineParallelMatchOneRank) {
       bias_moved = bias_moved || a[i].second.abs().max().item<float>() > 0;
   }
   EXPECT_TRUE(bias_moved);
+  // The MTP module is saved with the model, under DeepSeek-V3's names.
+  EXPECT_TRUE(std::any_of(a.begin(), a.end(), [](const auto& p) { return p.first == "model.layers.3.eh_proj.weight"; }));
 }
 
 // Resumed from its step-10 checkpoint, the run ends bitwise where it ended without stopping:

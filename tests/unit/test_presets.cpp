@@ -54,7 +54,13 @@ TEST(Presets, TrainingFlopsCountActivatedParametersAndAttention) {
   const ModelConfig v3 = preset("deepseek-v3");
   const ParameterCounts counts = count_parameters(v3);
   const double attention = 6.0 * v3.num_layers * v3.num_heads * (192 + 128) * 4096.0;
-  EXPECT_DOUBLE_EQ(training_flops_per_token(v3, 4096), 6.0 * counts.matmul + attention);
+  // Its MTP module, from V3's published shapes: eh_proj, an MoE layer (MLA: q_a, q_b, kv_a,
+  // kv_b, o; the router; 8 routed + 1 shared experts of width 2048), the shared head again.
+  const double h = 7168, mla = h * 1536 + 1536 * 128 * 192.0 + h * (512 + 64) + 512 * 128 * 256.0 + 128 * 128 * h;
+  const double mtp_matmul = 2 * h * h + mla + 256 * h + 9 * 3 * h * 2048 + 129280 * h;
+  const double mtp = 6.0 * mtp_matmul + 6.0 * 128 * (192 + 128) * 4096.0;
+  EXPECT_DOUBLE_EQ(mtp_training_flops_per_token(v3, 4096), mtp);
+  EXPECT_DOUBLE_EQ(training_flops_per_token(v3, 4096), 6.0 * counts.matmul + attention + mtp);
   // The matmul weights are the activated parameters but the norms (two per layer, MLA's two
   // latent norms, the final norm).
   EXPECT_EQ(counts.active - counts.matmul, v3.num_layers * (2 * v3.hidden_size + v3.q_lora_rank + v3.kv_lora_rank) + v3.hidden_size);

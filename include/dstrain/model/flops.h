@@ -27,8 +27,12 @@ int64_t layer_parameters(const ModelConfig& config, int64_t layer);
 // PaLM (Chowdhery et al. 2022, appendix B), torchtitan and llm.c count them:
 //   6 × active matmul parameters  +  6 × layers × heads × (qk_head_dim + v_head_dim) × seq_len
 // (for MHA, 12 × layers × heads × head_dim × seq_len). The attention term counts the whole score
-// matrix, although a causal kernel computes about half.
+// matrix, although a causal kernel computes about half. The multi-token prediction modules, when
+// configured, are included (mtp_training_flops_per_token): they are computed in every training step.
 double training_flops_per_token(const ModelConfig& config, int64_t seq_len);
+// The multi-token prediction modules' part of it (0 without them): each a decoder layer, its
+// projection eh_proj and the shared LM head, counted per token of the sequence.
+double mtp_training_flops_per_token(const ModelConfig& config, int64_t seq_len);
 
 // The same count for decoder layer `layer`, the mean over the layers, and the LM head.
 double layer_training_flops_per_token(const ModelConfig& config, int64_t seq_len, int64_t layer);

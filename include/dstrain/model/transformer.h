@@ -1,6 +1,15 @@
 // A DeepSeek-LLM causal language model, or a contiguous slice of one: layers [first, last),
-// with the embedding when the slice starts the model and the final norm + LM head when it ends
-// it. Parameter names are the global Hugging Face ones whatever the slice ("model.layers.7...").
+// with the embedding when the slice starts the model and the final norm + LM head (and the
+// multi-token prediction modules, when configured) when it ends it. Parameter names are the
+// global Hugging Face ones whatever the slice ("model.layers.7...").
+//
+// With multi-token prediction under a pipeline, the last stage needs the token embeddings the
+// first stage computed: the stages then pass [hidden states; embeddings] ([B, S, 2H]) from one to
+// the next, the middle ones carrying the embeddings through untouched, and the gradient comes
+// back the same way into the one embedding table. (Megatron-LM keeps a copy of the table on the
+// last stage instead and all-reduces its gradient with the first's every step; carrying the
+// embeddings needs no copy, no extra collective and no special case in the optimizer, the
+// gradient reduction or the checkpoint, at the price of twice the bytes between stages.)
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -13,6 +22,7 @@
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/multi_token_prediction.h"
 
 namespace dstrain {
 
@@ -22,31 +32,64 @@ class DecoderStackImpl : public torch::nn::Module {
   DecoderStackImpl(const ModelConfig& config, const LayerSlice& slice);
   // ids [B, S] (int64) when the slice has the embedding, else hidden states [B, S, H]. Returns
   // hidden states, normalised when the slice has the head.
-  torch::Tensor forward(const torch::Tensor& input);
+  torch::Tensor forward(const torch::Tensor& input) { return forward_layers(slice_.has_embedding ? embed(input) : input); }
+  torch::Tensor embed(const torch::Tensor& ids) { return embed_tokens_(ids); }
+  // The slice's layers on hidden states [B, S, H], then the final norm when the slice has the head.
+  torch::Tensor forward_layers(torch::Tensor hidden);
+  // Multi-token prediction module `depth` (1 .. D) on the first n positions: h^depth from
+  // h^{depth-1} and the embeddings of the tokens `depth` places ahead (both [B, n, H]); and h^depth
+  // normalised for the LM head by the module's shared_head.norm. (The slice has the head.)
+  torch::Tensor predict_ahead(int64_t depth, const torch::Tensor& previous, const torch::Tensor& embedded);
+  torch::Tensor mtp_head_input(int64_t depth, const torch::Tensor& hidden);
   const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const std::vector<MultiTokenPrediction>& mtp_modules() const { return mtp_; }
 
  private:
   LayerSlice slice_;
   RopeTables rope_;
   torch::nn::Embedding embed_tokens_{nullptr};
   std::vector<DecoderLayer> layers_;
+  std::vector<MultiTokenPrediction> mtp_;
   RMSNorm norm_{nullptr};
 };
 TORCH_MODULE(DecoderStack);
 
+// The last stage's losses for one micro-batch.
+struct LanguageModelLosses {
+  torch::Tensor next_token;  // mean cross-entropy of the next token (the loss reported and evaluated)
+  torch::Tensor mtp;         // mean over the D modules of their mean cross-entropy; undefined without MTP
+  // What the backward pass starts from: next_token + mtp_loss_weight × mtp (DeepSeek-V3 eq. 25).
+  torch::Tensor total(double mtp_loss_weight) const {
+    return mtp.defined() ? next_token + mtp_loss_weight * mtp : next_token;
+  }
+};
+
 class CausalLMImpl : public torch::nn::Module {
  public:
   CausalLMImpl(const ModelConfig& config, const LayerSlice& slice);
-  // Logits [B, S, V] when the slice has the head, else hidden states for the next stage.
+  // Logits [B, S, V] when the slice has the head, else the activation for the next stage
+  // ([B, S, stage_activation_width]).
   torch::Tensor forward(const torch::Tensor& input);
+  // The slice with the head only: the losses of the micro-batch `tokens` [B, S + 1] (positions
+  // 0 .. S; the inputs are 0 .. S-1), the multi-token prediction ones when `with_mtp` and the
+  // model has MTP modules.
+  LanguageModelLosses losses(const torch::Tensor& input, const torch::Tensor& tokens, bool with_mtp);
+  // The width of the activation pipeline stages exchange: H, or 2H when they carry the token
+  // embeddings to the multi-token prediction modules.
+  static int64_t stage_activation_width(const ModelConfig& config, int virtual_stages);
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
   // The MoE layers of this slice with their global layer index (empty for a dense model).
   std::vector<std::pair<int64_t, MoE>> moe_layers() const;
 
  private:
+  // [hidden; embeddings] from the stage activation or the token ids: the embeddings are undefined
+  // when nothing needs them. Then the slice's layers.
+  std::pair<torch::Tensor, torch::Tensor> hidden_and_embeddings(const torch::Tensor& input);
+
   ModelConfig config_;
   LayerSlice slice_;
+  bool carries_embeddings_;  // stage activations are [hidden; embeddings]
   DecoderStack model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };

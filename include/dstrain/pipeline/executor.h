@@ -19,7 +19,7 @@
 namespace dstrain {
 
 struct ActivationShape {
-  int64_t micro_batch = 0, seq_len = 0, hidden = 0;
+  int64_t micro_batch = 0, seq_len = 0;
   torch::ScalarType dtype = torch::kFloat32;
   torch::Device device = torch::kCPU;
 };
@@ -34,13 +34,17 @@ class PipelineExecutor {
   // the stages that hold the first or the last virtual stage (inputs, targets).
   using BatchSource = std::function<torch::Tensor(int microbatch)>;
 
-  // One training step: forward and backward of every micro-batch. Each micro-batch's loss is
-  // divided by `loss_divisor`; `loss_scale` (a 0-dim tensor, or undefined) multiplies it before
-  // backward. Returns the sum of the divided losses (0-dim, on the device; 0 on stages without
-  // the last virtual stage).
+  // One training step: forward and backward of every micro-batch. Each micro-batch's loss
+  // (next token + mtp_loss_weight × multi-token prediction) is divided by `loss_divisor`;
+  // `loss_scale` (a 0-dim tensor, or undefined) multiplies it before backward. Returns the sum of
+  // the divided next-token losses (0-dim, on the device; 0 on stages without the last virtual
+  // stage); mtp_loss() the same sum of the multi-token prediction losses.
   torch::Tensor train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale);
-  // Forward only, without gradients: the sum of the micro-batches' mean losses (0-dim, fp64).
+  // Forward only, without gradients: the sum of the micro-batches' mean next-token losses (0-dim, fp64).
   torch::Tensor evaluate(const BatchSource& batch);
+  // The last train_step's multi-token prediction loss (see above); undefined when the model has
+  // no MTP modules.
+  const torch::Tensor& mtp_loss() const { return mtp_loss_; }
 
   bool has_loss() const;  // this stage holds the last virtual stage
   bool needs_batches() const;  // ... the first or the last
@@ -59,6 +63,8 @@ class PipelineExecutor {
   std::vector<CausalLM> chunks_;
   Communicator& pp_group_;
   ActivationShape shape_;
+  int64_t activation_width_;  // hidden size, or twice it when the stages carry embeddings
+  torch::Tensor mtp_loss_;
   // Per (micro-batch, chunk) in flight: the input (received activation, a leaf that collects its
   // gradient) and the output (activation to send back the gradient through, or the loss).
   std::map<Key, torch::Tensor> inputs_, outputs_;
