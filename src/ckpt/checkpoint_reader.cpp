@@ -1,5 +1,8 @@
 #include "dstrain/ckpt/checkpoint_reader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 
@@ -125,6 +128,53 @@ torch::Tensor CheckpointReader::read(const std::string& name) const {
   if (!mismatch.empty())
     throw Error(kCode, at + ": the data do not match the checksum (" + mismatch + "): the file is damaged");
   return values;
+}
+
+torch::Tensor CheckpointReader::read_range(const std::string& name, int64_t offset, int64_t count) const {
+  const DatasetInfo* info = find(name);
+  if (!info) throw Error(kCode, path_ + ": /" + name + " is missing");
+  const std::string at = path_ + ": /" + name;
+  const int64_t elements = c10::multiply_integers(info->shape);
+  if (offset < 0 || count < 0 || offset + count > elements)
+    throw Error(kCode, at + ": elements " + std::to_string(offset) + "+" + std::to_string(count) + " asked of " +
+                           std::to_string(elements));
+  std::string problem;
+  const std::vector<ChecksumPiece> pieces = checksum_pieces(info->checksum, elements, &problem);
+  if (!problem.empty()) throw Error(kCode, at + ": the data do not match the checksum (" + problem + ")");
+  // The pieces that hold the range, and the span of the dataset they cover.
+  auto first = std::find_if(pieces.begin(), pieces.end(), [&](const ChecksumPiece& p) { return p.offset + p.count > offset; });
+  auto last = std::find_if(first, pieces.end(), [&](const ChecksumPiece& p) { return p.offset >= offset + count; });
+  if (count == 0 || first == pieces.end()) return torch::empty({0}, torch::dtype(info->dtype));
+  const int64_t span_start = first->offset, span_end = std::prev(last)->offset + std::prev(last)->count;
+  haddr_t address = HADDR_UNDEF;
+  if (span_end - span_start < elements) {
+    std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+    h5::Handle dataset(h5::check_id(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
+    address = H5Dget_offset(dataset.get());  // contiguous storage, as the writer lays it out
+  }
+  if (address == HADDR_UNDEF) return read(name).reshape({-1}).narrow(0, offset, count);
+
+  torch::Tensor span = torch::empty({span_end - span_start}, torch::dtype(info->dtype));
+  const int64_t element = static_cast<int64_t>(span.element_size());
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(kCode, at + ": cannot open the file again to read its part");
+  char* out = static_cast<char*>(span.data_ptr());
+  size_t done = 0, total = span.nbytes();
+  const off_t base = static_cast<off_t>(address) + static_cast<off_t>(span_start * element);
+  while (done < total) {
+    const ssize_t n = ::pread(fd, out + done, total - done, base + static_cast<off_t>(done));
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (done < total) throw Error(kCode, at + ": reading elements " + std::to_string(span_start) + "+" +
+                                           std::to_string(span_end - span_start) + " (truncated file?)");
+  for (auto piece = first; piece != last; ++piece) {
+    const std::string mismatch = piece_mismatch(out + (piece->offset - span_start) * element, element, *piece);
+    if (!mismatch.empty())
+      throw Error(kCode, at + ": the data do not match the checksum (" + mismatch + "): the file is damaged");
+  }
+  return span.narrow(0, offset - span_start, count);
 }
 
 std::vector<std::string> CheckpointReader::verify() const {

@@ -60,31 +60,51 @@ std::string join_piece_checksums(std::vector<std::string> pieces) {
   return joined;
 }
 
+std::vector<ChecksumPiece> checksum_pieces(const std::string& recorded, int64_t elements, std::string* problem) {
+  if (recorded.find(':') == std::string::npos) return {{0, elements, recorded}};
+  std::vector<ChecksumPiece> pieces;
+  int64_t covered = 0;  // the pieces, in order, must tile the dataset
+  for (size_t at = 0; at < recorded.size();) {
+    const size_t end = std::min(recorded.find(',', at), recorded.size());
+    const std::string piece = recorded.substr(at, end - at);
+    const size_t plus = piece.find('+'), colon = piece.find(':');
+    if (plus == std::string::npos || colon == std::string::npos || colon < plus) {
+      *problem = "an unreadable checksum record \"" + piece + "\"";
+      return {};
+    }
+    const int64_t offset = std::stoll(piece.substr(0, plus)), count = std::stoll(piece.substr(plus + 1, colon - plus - 1));
+    if (offset != covered || count < 0 || offset + count > elements) break;
+    pieces.push_back({offset, count, piece.substr(colon + 1)});
+    covered += count;
+    at = end + 1;
+  }
+  if (covered != elements) {
+    *problem = "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
+    return {};
+  }
+  return pieces;
+}
+
+std::string piece_mismatch(const char* bytes, int64_t element_size, const ChecksumPiece& piece) {
+  const std::string actual = hex64(xxh64(bytes, static_cast<size_t>(piece.count * element_size)));
+  if (actual == piece.hash) return "";
+  return "elements " + std::to_string(piece.offset) + "+" + std::to_string(piece.count) + ": xxh64 " + actual +
+         ", recorded " + piece.hash;
+}
+
 std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded) {
   const auto* bytes = static_cast<const char*>(values.data_ptr());
   if (recorded.find(':') == std::string::npos) {
     const std::string actual = hex64(xxh64(bytes, values.nbytes()));
     return actual == recorded ? "" : "xxh64 " + actual + ", recorded " + recorded;
   }
+  std::string problem;
   const int64_t element = static_cast<int64_t>(values.element_size());
-  int64_t covered = 0;  // the pieces, in order, must tile the dataset
-  for (size_t at = 0; at < recorded.size();) {
-    const size_t end = std::min(recorded.find(',', at), recorded.size());
-    const std::string piece = recorded.substr(at, end - at);
-    const size_t plus = piece.find('+'), colon = piece.find(':');
-    if (plus == std::string::npos || colon == std::string::npos || colon < plus)
-      return "an unreadable checksum record \"" + piece + "\"";
-    const int64_t offset = std::stoll(piece.substr(0, plus)), count = std::stoll(piece.substr(plus + 1, colon - plus - 1));
-    if (offset != covered || count < 0 || offset + count > values.numel())
-      return "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
-    const std::string actual = hex64(xxh64(bytes + offset * element, static_cast<size_t>(count * element)));
-    if (actual != piece.substr(colon + 1))
-      return "elements " + std::to_string(offset) + "+" + std::to_string(count) + ": xxh64 " + actual + ", recorded " +
-             piece.substr(colon + 1);
-    covered += count;
-    at = end + 1;
+  for (const ChecksumPiece& piece : checksum_pieces(recorded, values.numel(), &problem)) {
+    const std::string mismatch = piece_mismatch(bytes + piece.offset * element, element, piece);
+    if (!mismatch.empty()) return mismatch;
   }
-  return covered == values.numel() ? "" : "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
+  return problem;
 }
 
 const char* dtype_name(torch::ScalarType dtype) {

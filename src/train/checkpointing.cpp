@@ -91,10 +91,9 @@ void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const Nam
       if (info->shape != s.full_shape)
         throw Error(kCode, reader.path() + ": /" + name + " has another shape than this model's " + s.name);
     }
-    // Whole tensors are read (their checksums cover them whole), then this rank's part is kept.
+    // This rank's part only (the pieces of the file that hold it, each checked).
     auto part = [&](const std::string& name) {
-      torch::Tensor whole = reader.read(name);
-      return whole.reshape({-1}).narrow(0, s.offset, s.master.numel()).view(s.master.sizes());
+      return reader.read_range(name, s.offset, s.master.numel()).view(s.master.sizes());
     };
     s.master.copy_(part(reader.find(master) ? master : "model/" + s.name));
     s.exp_avg.copy_(part("optim/" + s.name + "/exp_avg"));

@@ -115,6 +115,27 @@ TEST(Zero, CheckpointsVerifyAndResumeOnAnyLayout) {
   EXPECT_EQ(damaged.exit_code, 4) << damaged.output;
   EXPECT_NE(damaged.output.find("/" + exp_avg + ": the data do not match the checksum (elements "), std::string::npos)
       << damaged.output;
+  {
+    // A rank resuming its shard reads only the pieces that hold it: the undamaged piece reads
+    // back as written, the damaged one is refused.
+    dstrain::CheckpointReader intact(ckpt), reader(flipped);
+    const torch::Tensor written = intact.read(exp_avg).reshape({-1});
+    std::string problem;
+    const auto pieces = dstrain::checksum_pieces(reader.find(exp_avg)->checksum, written.numel(), &problem);
+    ASSERT_GE(pieces.size(), 2u) << problem;
+    const int64_t damaged_element = written.numel() / 2;  // flip_a_byte's byte: the middle one
+    for (const dstrain::ChecksumPiece& piece : pieces) {
+      const bool holds_damage = piece.offset <= damaged_element && damaged_element < piece.offset + piece.count;
+      const int64_t from = piece.offset + piece.count / 3, count = piece.count / 3;  // inside the piece
+      if (holds_damage) {
+        EXPECT_THROW(reader.read_range(exp_avg, from, count), dstrain::Error);
+      } else {
+        torch::Tensor part = reader.read_range(exp_avg, from, count);
+        EXPECT_TRUE(torch::equal(part, written.narrow(0, from, count))) << piece.offset << "+" << piece.count;
+      }
+    }
+    EXPECT_TRUE(torch::equal(intact.read_range(exp_avg, 5, written.numel() - 7), written.narrow(0, 5, written.numel() - 7)));
+  }
 
   // Sharded → unsharded, on 4 data-parallel ranks and on one.
   for (int dp : {4, 1}) {

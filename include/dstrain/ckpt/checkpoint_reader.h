@@ -40,6 +40,11 @@ class CheckpointReader {
   // A CPU tensor of the stored dtype. Throws Error(kCheckpoint) naming the dataset when it is
   // missing or its data do not match the checksum.
   torch::Tensor read(const std::string& name) const;
+  // Elements [offset, offset + count) of the dataset flattened (a ZeRO-1 rank's shard): only the
+  // pieces it was written in (format version 2) that hold them are read and checked against
+  // their checksums, so that ranks resuming a sharded optimizer together read the file about
+  // once, not once each. A dataset checksummed whole is read whole.
+  torch::Tensor read_range(const std::string& name, int64_t offset, int64_t count) const;
   // Reads every dataset; the names of those whose data do not match their checksum.
   std::vector<std::string> verify() const;
 

@@ -51,6 +51,18 @@ std::string join_piece_checksums(std::vector<std::string> pieces);
 // "" when `values` (the whole dataset, as stored) match the recorded checksum; else what differs.
 std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded);
 
+// One checksummed piece of a dataset: elements [offset, offset + count) of it flattened.
+struct ChecksumPiece {
+  int64_t offset = 0, count = 0;
+  std::string hash;  // 16 hex digits
+};
+// The pieces a recorded checksum describes, in order, tiling the `elements` of the dataset (one
+// piece for a whole-dataset record). Empty, with `problem` set, when the record is unreadable or
+// its pieces do not tile the dataset.
+std::vector<ChecksumPiece> checksum_pieces(const std::string& recorded, int64_t elements, std::string* problem);
+// "" when `bytes` (piece `piece` as stored, element_size bytes an element) match its checksum.
+std::string piece_mismatch(const char* bytes, int64_t element_size, const ChecksumPiece& piece);
+
 // "fp32", "bf16", ...: as the configuration names them.
 const char* dtype_name(torch::ScalarType dtype);
 
