@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "dstrain/core/random.h"
 
@@ -17,7 +19,10 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
-    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
+    : slice_(slice),
+      num_layers_(c.num_layers),
+      max_seq_len_(c.max_seq_len),
+      rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
                                         YarnScaling{c.rope_scaling_factor, c.rope_original_max_seq_len, c.rope_beta_fast,
                                                     c.rope_beta_slow, c.rope_mscale, c.rope_mscale_all_dim})) {
   // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
@@ -36,6 +41,32 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
 torch::Tensor DecoderStackImpl::forward(const torch::Tensor& input) {
   torch::Tensor h = slice_.has_embedding ? embed_tokens_(input) : input;
   for (DecoderLayer& layer : layers_) h = layer(h, rope_);
+  return slice_.has_head ? norm_(h) : h;
+}
+
+int64_t DecoderStackImpl::decoding_layers() const {
+  // Modules past the main model's layers (multi-token prediction's) are not decoder layers of it.
+  return std::max<int64_t>(0, std::min(slice_.last, num_layers_) - slice_.first);
+}
+
+KvCache DecoderStackImpl::empty_cache(int64_t batch) const {
+  KvCache cache;
+  for (int64_t i = 0; i < decoding_layers(); ++i)
+    cache.layers.push_back(layers_[static_cast<size_t>(i)]->empty_cache(batch, max_seq_len_));
+  return cache;
+}
+
+torch::Tensor DecoderStackImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
+  const int64_t start = cache.length, n = input.size(1);
+  if (start + n > max_seq_len_)
+    throw std::out_of_range("cached decoding past model.max_seq_len (" + std::to_string(max_seq_len_) + ")");
+  if (static_cast<int64_t>(cache.layers.size()) != decoding_layers())
+    throw std::invalid_argument("cached decoding: the cache is not this model's (empty_cache makes one)");
+  const RopeTables rope = rope_tables_from(rope_, start, n);
+  torch::Tensor h = slice_.has_embedding ? embed_tokens_(input) : input;
+  for (int64_t i = 0; i < decoding_layers(); ++i)
+    h = layers_[static_cast<size_t>(i)]->forward_cached(h, rope, cache.layers[static_cast<size_t>(i)], start);
+  cache.length = start + n;
   return slice_.has_head ? norm_(h) : h;
 }
 
@@ -58,6 +89,11 @@ std::vector<std::pair<int64_t, MoE>> CausalLMImpl::moe_layers() const {
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
   torch::Tensor h = model_(input);
+  return slice_.has_head ? lm_head_(h) : h;
+}
+
+torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
+  torch::Tensor h = model_->forward_cached(input, cache);
   return slice_.has_head ? lm_head_(h) : h;
 }
 

@@ -1,4 +1,4 @@
-// A DeepSeek-LLM causal language model, or a contiguous slice of one: layers [first, last),
+// A DeepSeek causal language model, or a contiguous slice of one: layers [first, last),
 // with the embedding when the slice starts the model and the final norm + LM head when it ends
 // it. Parameter names are the global Hugging Face ones whatever the slice ("model.layers.7...").
 #pragma once
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstrain/model/decoder_layer.h"
+#include "dstrain/model/kv_cache.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
@@ -23,10 +24,17 @@ class DecoderStackImpl : public torch::nn::Module {
   // ids [B, S] (int64) when the slice has the embedding, else hidden states [B, S, H]. Returns
   // hidden states, normalised when the slice has the head.
   torch::Tensor forward(const torch::Tensor& input);
+  // Cached decoding: `input` holds positions cache.length .. cache.length + n - 1; each layer
+  // adds them to its cache and attends to every cached position; cache.length grows by n.
+  // Only the decoder layers below model.num_layers take part.
+  torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  KvCache empty_cache(int64_t batch) const;  // room for max_seq_len positions
   const std::vector<DecoderLayer>& layers() const { return layers_; }
 
  private:
+  int64_t decoding_layers() const;  // the layers forward_cached runs
   LayerSlice slice_;
+  int64_t num_layers_, max_seq_len_;
   RopeTables rope_;
   torch::nn::Embedding embed_tokens_{nullptr};
   std::vector<DecoderLayer> layers_;
@@ -39,6 +47,10 @@ class CausalLMImpl : public torch::nn::Module {
   CausalLMImpl(const ModelConfig& config, const LayerSlice& slice);
   // Logits [B, S, V] when the slice has the head, else hidden states for the next stage.
   torch::Tensor forward(const torch::Tensor& input);
+  // The same from a KV cache (DecoderStackImpl::forward_cached): logits of positions
+  // cache.length ... + n - 1 only, the earlier ones read from the cache.
+  torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  KvCache empty_cache(int64_t batch) const { return model_->empty_cache(batch); }
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
   // The MoE layers of this slice with their global layer index (empty for a dense model).
