@@ -17,7 +17,21 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
   const torch::Tensor normed = input_layernorm_(x);
-  torch::Tensor h = x + (latent_attention_ ? latent_attention_(normed, rope) : attention_(normed, rope));
+  return add_mlp(x + (latent_attention_ ? latent_attention_(normed, rope) : attention_(normed, rope)));
+}
+
+torch::Tensor DecoderLayerImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                                               int64_t start) {
+  const torch::Tensor normed = input_layernorm_(x);
+  return add_mlp(x + (latent_attention_ ? latent_attention_->forward_cached(normed, rope, cache, start)
+                                    : attention_->forward_cached(normed, rope, cache, start)));
+}
+
+AttentionCache DecoderLayerImpl::empty_cache(int64_t batch, int64_t capacity) const {
+  return latent_attention_ ? latent_attention_->empty_cache(batch, capacity) : attention_->empty_cache(batch, capacity);
+}
+
+torch::Tensor DecoderLayerImpl::add_mlp(const torch::Tensor& h) {
   const torch::Tensor normed_h = post_attention_layernorm_(h);
   return h + (moe_ ? moe_(normed_h) : mlp_(normed_h));
 }

@@ -28,6 +28,23 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  return attend(x, rope, nullptr, 0);
+}
+
+torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                                            int64_t start) {
+  return attend(x, rope, &cache, start);
+}
+
+AttentionCache AttentionImpl::empty_cache(int64_t batch, int64_t capacity) const {
+  AttentionCache cache;
+  cache.keys = torch::zeros({batch, num_kv_heads_, capacity, head_dim_}, k_proj_->weight.options());
+  cache.values = torch::zeros_like(cache.keys);
+  return cache;
+}
+
+torch::Tensor AttentionImpl::attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache,
+                                    int64_t start) {
   const int64_t batch = x.size(0), seq = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) {
     return t.view({batch, seq, n, head_dim_}).transpose(1, 2);  // [B, n, S, d]
@@ -35,6 +52,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);
   torch::Tensor k = apply_rope(heads(k_proj_(x), num_kv_heads_), rope);
   torch::Tensor v = heads(v_proj_(x), num_kv_heads_);
+  if (cache) {  // the new positions join the cache; the queries see all of it
+    cache->keys.narrow(2, start, seq).copy_(k);
+    cache->values.narrow(2, start, seq).copy_(v);
+    k = cache->keys.narrow(2, 0, start + seq);
+    v = cache->values.narrow(2, 0, start + seq);
+  }
   if (num_kv_heads_ != num_heads_) {
     // Key/value head j serves query heads j × group ... (j + 1) × group - 1, as in HF repeat_kv.
     const int64_t group = num_heads_ / num_kv_heads_;

@@ -52,4 +52,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   return torch::addcmul(x * cos, swapped, sin);
 }
 
+RopeTables rope_tables_from(const RopeTables& tables, int64_t first, int64_t count) {
+  return {tables.cos.narrow(0, first, count), tables.sin.narrow(0, first, count), tables.interleave};
+}
+
 }  // namespace dstrain

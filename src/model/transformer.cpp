@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "dstrain/core/random.h"
 
@@ -17,7 +19,9 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
-    : slice_(slice), rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
+    : slice_(slice),
+      max_seq_len_(c.max_seq_len),
+      rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
                                         YarnScaling{c.rope_scaling_factor, c.rope_original_max_seq_len, c.rope_beta_fast,
                                                     c.rope_beta_slow, c.rope_mscale, c.rope_mscale_all_dim})) {
   // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
@@ -49,6 +53,26 @@ torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor
 
 torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {
   return mtp_.at(static_cast<size_t>(depth - 1))->head_input(hidden);
+}
+
+KvCache DecoderStackImpl::empty_cache(int64_t batch) const {
+  // The main model's layers only: the multi-token prediction modules do not decode.
+  KvCache cache;
+  for (const DecoderLayer& layer : layers_) cache.layers.push_back(layer->empty_cache(batch, max_seq_len_));
+  return cache;
+}
+
+torch::Tensor DecoderStackImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
+  const int64_t start = cache.length, n = input.size(1);
+  if (start + n > max_seq_len_)
+    throw std::out_of_range("cached decoding past model.max_seq_len (" + std::to_string(max_seq_len_) + ")");
+  if (cache.layers.size() != layers_.size())
+    throw std::invalid_argument("cached decoding: the cache is not this model's (empty_cache makes one)");
+  const RopeTables rope = rope_tables_from(rope_, start, n);
+  torch::Tensor h = slice_.has_embedding ? embed_tokens_(input) : input;
+  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(h, rope, cache.layers[i], start);
+  cache.length = start + n;
+  return slice_.has_head ? norm_(h) : h;
 }
 
 CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice)
@@ -121,6 +145,11 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   }
   losses.mtp = sum / static_cast<double>(depths);
   return losses;
+}
+
+torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
+  torch::Tensor h = model_->forward_cached(input, cache);
+  return slice_.has_head ? lm_head_(h) : h;
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

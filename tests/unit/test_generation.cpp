@@ -3,6 +3,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <limits>
 #include <set>
 
 #include "dstrain/model/generation.h"
@@ -24,6 +25,62 @@ CausalLM random_model(bool interleave, int64_t kv_heads) {
   c.init_std = 0.5;  // sharp distributions: a wrong cache changes the tokens, not just the digits
   CausalLM model(c, LayerSlice::whole(c));
   initialize_parameters(*model, c, 7);
+  return model;
+}
+
+// DeepSeek-V2/V3 in small (input/tiny-v3.ini's shape): Multi-head Latent Attention, with or
+// without the query's low-rank bottleneck, YaRN rope scaling (tables and softmax scale), and
+// DeepSeekMoE from layer 1 on. With q_lora_rank, V3's routing (sigmoid, noaux_tc with its bias,
+// groups); without, V2's (softmax, group_limited_greedy).
+ModelConfig latent_moe_config(int64_t q_lora_rank) {
+  ModelConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.max_seq_len = 24;
+  c.rope_interleave = true;
+  c.init_std = 0.3;
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = 16;
+  c.qk_nope_head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 8;
+  c.rope_scaling_factor = 4;
+  c.rope_original_max_seq_len = 8;  // the ramp falls within the tiny context
+  c.rope_beta_fast = 4;
+  c.rope_beta_slow = 1;
+  c.rope_mscale = 1.0;
+  c.rope_mscale_all_dim = 0.5;  // tables scaled by mscale(4, 1) / mscale(4, 0.5), softmax by mscale(4, 0.5)^2
+  c.n_routed_experts = 8;
+  c.n_shared_experts = 1;
+  c.moe_intermediate_size = 16;
+  c.num_experts_per_tok = 2;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.first_k_dense_replace = 1;
+  c.routed_scaling_factor = 2.5;
+  c.aux_loss_alpha = 0.001;
+  if (q_lora_rank > 0) {
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+  } else {
+    c.scoring_func = "softmax";
+    c.topk_method = "group_limited_greedy";
+  }
+  return c;
+}
+
+CausalLM latent_moe_model(int64_t q_lora_rank) {
+  const ModelConfig c = latent_moe_config(q_lora_rank);
+  CausalLM model(c, LayerSlice::whole(c));
+  initialize_parameters(*model, c, 11);
+  torch::NoGradGuard no_grad;
+  for (auto& [layer, moe] : model->moe_layers())  // a trained balancing bias steers the choice
+    if (moe->bias().defined())
+      moe->bias().copy_(torch::randn({c.n_routed_experts}, torch::dtype(torch::kFloat32)) * 0.1);
   return model;
 }
 
@@ -129,4 +186,84 @@ TEST(Sampling, SeedsTopKAndTopP) {
   seen.clear();
   for (int64_t token : draws(top_p, 300)) seen.insert(token);
   EXPECT_EQ(seen, (std::set<int64_t>{1, 5}));
+}
+
+TEST(Generation, LatentAttentionAndMoECachedLogitsEqualTheFullForwardPass) {
+  for (int64_t q_lora_rank : {0, 24}) {
+    CausalLM model = latent_moe_model(q_lora_rank);
+    const ModelConfig& c = model->config();
+    CachedDecoder decoder(model);  // puts the model in eval mode
+    ASSERT_FALSE(model->is_training());
+    const torch::Tensor ids = torch::randint(0, c.vocab_size, {1, 20}, torch::kLong);
+    torch::Tensor full;
+    {
+      torch::NoGradGuard no_grad;
+      full = model->forward(ids);
+    }
+    KvCache cache = decoder.empty_cache();
+    // What MLA caches: the normalised latent and the rotated RoPE key, kv_lora_rank +
+    // qk_rope_head_dim numbers a position, and no per-head keys or values.
+    ASSERT_EQ(cache.layers.size(), static_cast<size_t>(c.num_layers));
+    for (const AttentionCache& layer : cache.layers) {
+      EXPECT_EQ(layer.latent.sizes(), (std::vector<int64_t>{1, c.max_seq_len, c.kv_lora_rank}));
+      EXPECT_EQ(layer.rope_key.sizes(), (std::vector<int64_t>{1, c.max_seq_len, c.qk_rope_head_dim}));
+      EXPECT_FALSE(layer.keys.defined());
+      EXPECT_FALSE(layer.values.defined());
+    }
+    // The prompt in one piece, then token by token, then three at a time.
+    std::vector<torch::Tensor> pieces = {decoder.forward(ids.narrow(1, 0, 6), cache)};
+    for (int64_t i = 6; i < 17; ++i) pieces.push_back(decoder.forward(ids.narrow(1, i, 1), cache));
+    pieces.push_back(decoder.forward(ids.narrow(1, 17, 3), cache));
+    EXPECT_EQ(cache.length, 20);
+    const torch::Tensor cached = torch::cat(pieces, 1);
+    ASSERT_EQ(cached.sizes(), full.sizes());
+    for (int64_t position = 0; position < 20; ++position)
+      EXPECT_TRUE(torch::allclose(cached[0][position], full[0][position], 1e-4, 1e-5))
+          << "q_lora_rank " << q_lora_rank << ", position " << position << ": max difference "
+          << (cached[0][position] - full[0][position]).abs().max().item<double>();
+    // Eval mode: decoding counted no expert load (which would move the balancing bias).
+    for (auto& [layer, moe] : model->moe_layers()) EXPECT_EQ(moe->expert_load().sum().item<double>(), 0.0) << layer;
+  }
+}
+
+TEST(Generation, LatentAttentionAndMoEGreedyMatchesDecodingWithoutCache) {
+  CausalLM model = latent_moe_model(24);
+  CachedDecoder decoder(model);
+  const std::vector<int64_t> prompt = {3, 14, 15, 9, 26};
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 12;
+  const std::vector<int64_t> tokens = generate(decoder, prompt, greedy);
+  EXPECT_EQ(tokens, greedy_without_cache(model, prompt, 12));
+  EXPECT_EQ(tokens, generate(decoder, prompt, greedy));
+}
+
+// Modules past the main model's layers (multi-token prediction's, named model.layers.<i> with
+// i >= num_layers) are no part of decoding: poisoned, they change nothing.
+// A model with a multi-token prediction module decodes with its main layers only: the module's
+// weights (NaN here) change nothing, and the cache has no room for it.
+TEST(Generation, MultiTokenPredictionModulesTakeNoPart) {
+  ModelConfig c = latent_moe_config(24);
+  c.num_nextn_predict_layers = 1;
+  CausalLM model(c, LayerSlice::whole(c));
+  initialize_parameters(*model, c, 11);
+  {
+    torch::NoGradGuard no_grad;
+    const std::string prefix = "model.layers." + std::to_string(c.num_layers) + ".";
+    int64_t poisoned = 0;
+    for (auto& [name, param] : sorted_parameters(*model))
+      if (name.rfind(prefix, 0) == 0) {
+        param.fill_(std::numeric_limits<float>::quiet_NaN());
+        ++poisoned;
+      }
+    ASSERT_GT(poisoned, 0);
+  }
+  CachedDecoder decoder(model);
+  const torch::Tensor ids = torch::randint(0, c.vocab_size, {1, 8}, torch::kLong);
+  KvCache cache = decoder.empty_cache();
+  EXPECT_EQ(cache.layers.size(), static_cast<size_t>(c.num_layers));
+  const torch::Tensor cached = decoder.forward(ids, cache);
+  EXPECT_TRUE(cached.isfinite().all().item<bool>());
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::allclose(cached, model->forward(ids), 1e-4, 1e-5));
 }

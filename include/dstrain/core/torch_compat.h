@@ -16,18 +16,28 @@ namespace dstrain::compat {
 
 constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
 
-// Causal attention on [batch, heads, seq, head_dim] tensors with the given softmax scale.
+// Causal attention on [batch, heads, seq, head_dim] tensors with the given softmax scale. The
+// queries are the last q.size(-2) positions of the keys (all of them in training; the new tokens
+// in cached decoding): query i sees keys 0 .. k.size(-2) - q.size(-2) + i.
 // LibTorch 2.x dispatches to flash / memory-efficient kernels; 1.13 computes it explicitly
 // (softmax in fp32, so that low-precision inputs do not lose the normalisation).
 inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                       const torch::Tensor& v, double scale) {
+  const int64_t queries = q.size(-2), keys = k.size(-2);
+  if (queries > keys) throw std::invalid_argument("causal_attention: more queries than keys");
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true, scale);
+  if (queries == keys)
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, scale);
+  // is_causal aligns the mask at the top left when queries < keys; the queries here are the last
+  // positions, so the mask is given (true: attended).
+  const torch::Tensor visible =
+      torch::ones({queries, keys}, torch::dtype(torch::kBool).device(q.device())).tril(keys - queries);
+  return at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scale);
 #else
-  const int64_t seq = q.size(-2);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale);
-  torch::Tensor future = torch::ones({seq, seq}, torch::dtype(torch::kBool).device(q.device())).triu(1);
+  torch::Tensor future =
+      torch::ones({queries, keys}, torch::dtype(torch::kBool).device(q.device())).triu(keys - queries + 1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   torch::Tensor probs = torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type());
   return torch::matmul(probs, v);

@@ -5,6 +5,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/kv_cache.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/mla.h"
 #include "dstrain/model/model_config.h"
@@ -17,9 +18,15 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const ModelConfig& config, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  // The same layer in cached decoding (the attention modules' forward_cached): x holds positions
+  // start .. start + n - 1, `rope` their tables. MoE layers route as forward does in the module's
+  // mode (in eval mode they count no load and attach no balance loss).
+  torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
   MoE moe() const { return moe_; }  // null for a dense layer
 
  private:
+  torch::Tensor add_mlp(const torch::Tensor& h);  // h + the MLP or MoE of its post-attention norm
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   Attention attention_{nullptr};
   MultiHeadLatentAttention latent_attention_{nullptr};

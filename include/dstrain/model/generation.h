@@ -1,17 +1,18 @@
-// Text generation from a whole model (every layer, embedding and head): the prompt once, then one
-// token at a time, each step attending to the keys and values of the earlier positions kept in a
-// KV cache instead of recomputing them. Sampling: temperature, top-k, top-p (nucleus), from a
-// seeded generator on the CPU, so that a seed gives the same text on the CPU and on a GPU up to
-// the logits' rounding; temperature 0 is greedy decoding, deterministic.
+// Text generation from a whole model (every layer, embedding and head), dense, MLA or MoE: the
+// prompt once, then one token at a time, each step attending to the earlier positions kept in a
+// KV cache (kv_cache.h) instead of recomputing them. The model's own modules compute each step
+// (their forward_cached), so decoding is the training forward pass in eval mode, not a copy of it.
+// Sampling: temperature, top-k, top-p (nucleus), from a seeded generator on the CPU, so that a
+// seed gives the same text on the CPU and on a GPU up to the logits' rounding; temperature 0 is
+// greedy decoding, deterministic.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
 
 #include <cstdint>
-#include <map>
-#include <string>
 #include <vector>
 
+#include "dstrain/model/kv_cache.h"
 #include "dstrain/model/transformer.h"
 
 namespace dstrain {
@@ -25,29 +26,21 @@ struct SamplingOptions {
   int64_t stop_token = -1;     // generation ends after this token (end of document); -1: none
 };
 
-// Keys and values of every layer for the positions seen so far, [1, kv_heads, max_seq_len, d]
-// each, filled up to `length`.
-struct KvCache {
-  std::vector<torch::Tensor> keys, values;
-  int64_t length = 0;
-};
-
 class CachedDecoder {
  public:
-  // `model` must hold the whole model (LayerSlice::whole); its parameters are used as they are.
+  // `model` must hold the whole model (LayerSlice::whole); its parameters are used as they are,
+  // and it is put in eval mode (MoE layers count no expert load and attach no balance loss).
   explicit CachedDecoder(CausalLM model);
-  KvCache empty_cache() const;
-  // Logits [1, n, vocab] of `ids` [1, n] at positions cache.length ... + n - 1; appends their
-  // keys and values to the cache.
+  KvCache empty_cache() const { return model_->empty_cache(1); }
+  // Logits [1, n, vocab] of `ids` [1, n] at positions cache.length ... + n - 1; appends what
+  // attention keeps of them to the cache.
   torch::Tensor forward(const torch::Tensor& ids, KvCache& cache) const;
   const ModelConfig& config() const { return model_->config(); }
-  torch::Device forward_device() const { return rope_cos_.device(); }
+  torch::Device forward_device() const { return device_; }
 
  private:
-  torch::Tensor weight(const std::string& name) const;
   CausalLM model_;
-  std::map<std::string, torch::Tensor> params_;
-  torch::Tensor rope_cos_, rope_sin_;
+  torch::Device device_;
 };
 
 // The next token drawn from last-position logits [vocab] (any device and dtype).

@@ -4,6 +4,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/kv_cache.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/rope.h"
 
@@ -25,8 +26,16 @@ class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  // Cached decoding: x [B, n, hidden] holds positions start .. start + n - 1 and `rope` their
+  // tables (rope_tables_from); their keys and values join `cache`, and they attend to every
+  // position cached so far.
+  torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  // Keys and values for `capacity` positions (zeros), in the weights' dtype and device.
+  AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
 
  private:
+  // The one computation of both: without a cache the keys are x's own.
+  torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
   int64_t num_heads_, num_kv_heads_, head_dim_;
   torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };

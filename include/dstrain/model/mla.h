@@ -8,7 +8,10 @@
 //   softmax scale (qk_nope + qk_rope)^-0.5, times YaRN's mscale² when rope scaling is on
 //   output   o_proj(attention), heads × v_head_dim → hidden
 // In training the latent is expanded (as the reference implementation does); only inference
-// gains from absorbing kv_b_proj into the query and output projections.
+// gains from absorbing kv_b_proj into the query and output projections. Cached decoding keeps
+// the normalised latent and the rotated k_rope of each position (kv_lora_rank + qk_rope_head_dim
+// numbers, not heads × (qk_head_dim + v_head_dim)) and expands the cached latents by kv_b_proj
+// when the new positions attend to them.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -24,8 +27,16 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   explicit MultiHeadLatentAttentionImpl(const ModelConfig& config);
   // x [B, S, hidden]; `rope`: tables of qk_rope_head_dim.
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  // Cached decoding: x [B, n, hidden] holds positions start .. start + n - 1 and `rope` their
+  // tables (rope_tables_from); their latents and RoPE keys join `cache`, and they attend to every
+  // position cached so far.
+  torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  // Latents and RoPE keys for `capacity` positions (zeros), in the weights' dtype and device.
+  AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
 
  private:
+  // The one computation of both: without a cache the keys are x's own.
+  torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
   torch::nn::Linear q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};

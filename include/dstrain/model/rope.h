@@ -35,4 +35,8 @@ RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta,
 // x: [batch, heads, seq, head_dim]; positions 0 .. seq-1.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 
+// The tables from position `first` on, so that apply_rope rotates positions first, first + 1, ...
+// (the new tokens of cached decoding).
+RopeTables rope_tables_from(const RopeTables& tables, int64_t first, int64_t count);
+
 }  // namespace dstrain

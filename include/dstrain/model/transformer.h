@@ -1,4 +1,4 @@
-// A DeepSeek-LLM causal language model, or a contiguous slice of one: layers [first, last),
+// A DeepSeek causal language model, or a contiguous slice of one: layers [first, last),
 // with the embedding when the slice starts the model and the final norm + LM head (and the
 // multi-token prediction modules, when configured) when it ends it. Parameter names are the
 // global Hugging Face ones whatever the slice ("model.layers.7...").
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dstrain/model/decoder_layer.h"
+#include "dstrain/model/kv_cache.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
@@ -41,11 +42,17 @@ class DecoderStackImpl : public torch::nn::Module {
   // normalised for the LM head by the module's shared_head.norm. (The slice has the head.)
   torch::Tensor predict_ahead(int64_t depth, const torch::Tensor& previous, const torch::Tensor& embedded);
   torch::Tensor mtp_head_input(int64_t depth, const torch::Tensor& hidden);
+  // Cached decoding: `input` holds positions cache.length .. cache.length + n - 1; each layer
+  // adds them to its cache and attends to every cached position; cache.length grows by n.
+  // The multi-token prediction modules take no part.
+  torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  KvCache empty_cache(int64_t batch) const;  // room for max_seq_len positions
   const std::vector<DecoderLayer>& layers() const { return layers_; }
   const std::vector<MultiTokenPrediction>& mtp_modules() const { return mtp_; }
 
  private:
   LayerSlice slice_;
+  int64_t max_seq_len_;
   RopeTables rope_;
   torch::nn::Embedding embed_tokens_{nullptr};
   std::vector<DecoderLayer> layers_;
@@ -77,6 +84,10 @@ class CausalLMImpl : public torch::nn::Module {
   // The width of the activation pipeline stages exchange: H, or 2H when they carry the token
   // embeddings to the multi-token prediction modules.
   static int64_t stage_activation_width(const ModelConfig& config, int virtual_stages);
+  // The same from a KV cache (DecoderStackImpl::forward_cached): logits of positions
+  // cache.length ... + n - 1 only, the earlier ones read from the cache.
+  torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  KvCache empty_cache(int64_t batch) const { return model_->empty_cache(batch); }
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
   // The MoE layers of this slice with their global layer index (empty for a dense model).
