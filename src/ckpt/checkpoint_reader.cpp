@@ -34,12 +34,16 @@ std::string latest_in(const std::string& dir) {
 
 }  // namespace
 
+std::string resolve_checkpoint(const std::string& path, const std::string& key) {
+  if (files::exists(path + "/latest")) return latest_in(path);
+  if (!files::is_regular_file(path)) throw Error(kCode, key + " = " + path + ": no such checkpoint file");
+  return path;
+}
+
 std::string resolve_resume(const std::string& resume, const std::string& dir) {
   if (resume == "none") return "";
   if (resume == "auto") return files::exists(dir + "/latest") ? latest_in(dir) : "";
-  if (files::exists(resume + "/latest")) return latest_in(resume);
-  if (!files::is_regular_file(resume)) throw Error(kCode, "ckpt.resume = " + resume + ": no such checkpoint file");
-  return resume;
+  return resolve_checkpoint(resume, "ckpt.resume");
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "dstrain/core/error.h"
@@ -299,43 +300,7 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string
                          H5Dclose);
       h5::write_attribute_string(dataset.get(), kChecksumAttribute, checksum, kCode);
     }
-    h5::Handle trainer(h5::check_id(H5Gcreate2(file.get(), "trainer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
-                                    job_.tmp_path + ": creating /trainer"),
-                       H5Gclose);
-    const hid_t g = trainer.get();
-    h5::write_attribute_u64(g, "step", static_cast<uint64_t>(s.step), kCode);
-    h5::write_attribute_u64(g, "consumed_samples", s.consumed_samples, kCode);
-    h5::write_attribute_u64(g, "tokens", s.tokens, kCode);
-    h5::write_attribute_u64(g, "optimizer_steps", s.optimizer_steps, kCode);
-    h5::write_attribute_f64(g, "loss_scale", s.loss_scale, kCode);
-    h5::write_attribute_f64(g, "loss_scale_clean_steps", s.loss_scale_clean_steps, kCode);
-    h5::write_attribute_f64(g, "skipped_steps", s.skipped_steps, kCode);
-    h5::write_attribute_u64(g, "global_batch", s.global_batch, kCode);
-    h5::write_attribute_u64(g, "seq_len", s.seq_len, kCode);
-    h5::write_attribute_string(g, "config", s.config, kCode);
-    h5::write_attribute_string(g, "model_shape", s.model_shape, kCode);
-    h5::write_attribute_string(g, "corpus_path", s.corpus_path, kCode);
-    h5::write_attribute_string(g, "corpus_checksum", s.corpus_checksum, kCode);
-    h5::write_attribute_u64(g, "world_size", s.world_size, kCode);
-    h5::write_attribute_u64(g, "dp", s.dp, kCode);
-    h5::write_attribute_u64(g, "pp", s.pp, kCode);
-    h5::write_attribute_u64(g, "virtual_stages", s.virtual_stages, kCode);
-    h5::write_attribute_string(g, "schedule", s.schedule, kCode);
-    h5::write_attribute_string(g, "stage_layers", s.stage_layers, kCode);
-    {
-      hsize_t dims[2] = {static_cast<hsize_t>(s.rng.size(0)), static_cast<hsize_t>(s.rng.size(1))};
-      h5::Handle space(h5::check_id(H5Screate_simple(2, dims, nullptr), kCode, "H5Screate_simple"), H5Sclose);
-      h5::Handle rng(h5::check_id(H5Dcreate2(g, "rng_cpu", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                             H5P_DEFAULT),
-                                  kCode, job_.tmp_path + ": creating /trainer/rng_cpu"),
-                     H5Dclose);
-      h5::check(H5Dwrite(rng.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.rng.data_ptr()), kCode,
-                job_.tmp_path + ": writing /trainer/rng_cpu");
-      h5::write_attribute_string(rng.get(), kChecksumAttribute, hex64(xxh64(s.rng.data_ptr(), s.rng.nbytes())), kCode);
-    }
-    h5::Handle root(h5::check_id(H5Gopen2(file.get(), "/", H5P_DEFAULT), kCode, job_.tmp_path), H5Gclose);
-    h5::write_attribute_string(root.get(), "format", kCheckpointFormat, kCode);
-    h5::write_attribute_u64(root.get(), "format_version", kCheckpointFormatVersion, kCode);
+    write_checkpoint_state(file.get(), s, job_.tmp_path);
     h5::check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), kCode, job_.tmp_path + ": flushing");
   }
   sync_path(job_.tmp_path, O_RDONLY);
@@ -371,6 +336,50 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string
   std::snprintf(text, sizeof text, "checkpoint of step %lld: %s (training blocked %.2f s, written in %.2f s)",
                 static_cast<long long>(job_.step), job_.path.c_str(), job_.blocked_seconds, seconds);
   log::info(text);
+}
+
+void write_checkpoint_file(const std::string& path, const std::vector<std::string>& names,
+                           const std::function<torch::Tensor(const std::string&)>& source,
+                           const CheckpointState& state) {
+  const std::string tmp = path + ".tmp";
+  try {
+    std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+    h5::quiet_errors();
+    h5::Handle file(h5::check_id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), kCode,
+                                 "cannot create " + tmp),
+                    H5Fclose);
+    h5::Handle lcpl(h5::check_id(H5Pcreate(H5P_LINK_CREATE), kCode, "H5Pcreate"), H5Pclose);
+    h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), kCode, "H5Pset_create_intermediate_group");
+    for (const std::string& name : names) {
+      const torch::Tensor t = host_copy(source(name));
+      const std::string where = tmp + ": /" + name;
+      std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
+      h5::Handle space(h5::check_id(dims.empty() ? H5Screate(H5S_SCALAR)
+                                                 : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                    kCode, "H5Screate"),
+                       H5Sclose);
+      h5::Handle type = stored_type(t.scalar_type());
+      h5::Handle dataset(h5::check_id(H5Dcreate2(file.get(), ("/" + name).c_str(), type.get(), space.get(), lcpl.get(),
+                                                 H5P_DEFAULT, H5P_DEFAULT),
+                                      kCode, "creating " + where),
+                         H5Dclose);
+      if (t.numel() > 0)
+        h5::check(H5Dwrite(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), kCode,
+                  "writing " + where);
+      h5::write_attribute_string(dataset.get(), kChecksumAttribute, hex64(xxh64(t.data_ptr(), t.nbytes())), kCode);
+    }
+    write_checkpoint_state(file.get(), state, tmp);
+    h5::check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), kCode, tmp + ": flushing");
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  sync_path(tmp, O_RDONLY);
+  std::string why;
+  if (!files::rename(tmp, path, &why)) {
+    std::remove(tmp.c_str());
+    throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
+  }
 }
 
 }  // namespace dstrain

@@ -13,6 +13,9 @@ void add_ckpt_options(OptionTable& t) {
   t.add("ckpt.resume", OptionKind::kString, "auto",
         "auto: continue from ckpt.dir's latest checkpoint if there is one; none: start afresh; "
         "or a checkpoint file (or directory) to start from");
+  t.add("ckpt.load_weights", OptionKind::kString, "",
+        "a checkpoint (file or directory) whose model weights start a run that has no checkpoint to resume: "
+        "fine-tuning from `dstrain ckpt import-hf` or another run, with fresh optimizer state from step 0");
   t.add("ckpt.save_final", OptionKind::kBool, "false",
         "at the end, write every parameter (fp32, by Hugging Face name) to RUN_DIR/final_model.h5");
 }
@@ -27,6 +30,7 @@ CkptConfig read_ckpt_config(const Options& o, const std::string& run_dir) {
   c.keep_every = static_cast<int>(o.get_int("ckpt.keep_every", 0, 1 << 30));
   c.resume = o.get_string("ckpt.resume");
   if (c.resume.empty()) throw config_error("ckpt.resume", "", "expected auto, none or a checkpoint file");
+  c.load_weights = o.get_string("ckpt.load_weights");
   c.save_final = o.get_bool("ckpt.save_final");
   return c;
 }

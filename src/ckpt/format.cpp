@@ -47,6 +47,46 @@ torch::ScalarType dtype_of_stored(hid_t type, const std::string& context) {
   throw Error(kCode, context + ": a data type a checkpoint does not use");
 }
 
+void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::string& path) {
+  h5::Handle trainer(h5::check_id(H5Gcreate2(file, "trainer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
+                                  path + ": creating /trainer"),
+                     H5Gclose);
+  const hid_t g = trainer.get();
+  h5::write_attribute_u64(g, "step", static_cast<uint64_t>(s.step), kCode);
+  h5::write_attribute_u64(g, "consumed_samples", s.consumed_samples, kCode);
+  h5::write_attribute_u64(g, "tokens", s.tokens, kCode);
+  h5::write_attribute_u64(g, "optimizer_steps", s.optimizer_steps, kCode);
+  h5::write_attribute_f64(g, "loss_scale", s.loss_scale, kCode);
+  h5::write_attribute_f64(g, "loss_scale_clean_steps", s.loss_scale_clean_steps, kCode);
+  h5::write_attribute_f64(g, "skipped_steps", s.skipped_steps, kCode);
+  h5::write_attribute_u64(g, "global_batch", s.global_batch, kCode);
+  h5::write_attribute_u64(g, "seq_len", s.seq_len, kCode);
+  h5::write_attribute_string(g, "config", s.config, kCode);
+  h5::write_attribute_string(g, "model_shape", s.model_shape, kCode);
+  h5::write_attribute_string(g, "corpus_path", s.corpus_path, kCode);
+  h5::write_attribute_string(g, "corpus_checksum", s.corpus_checksum, kCode);
+  h5::write_attribute_u64(g, "world_size", s.world_size, kCode);
+  h5::write_attribute_u64(g, "dp", s.dp, kCode);
+  h5::write_attribute_u64(g, "pp", s.pp, kCode);
+  h5::write_attribute_u64(g, "virtual_stages", s.virtual_stages, kCode);
+  h5::write_attribute_string(g, "schedule", s.schedule, kCode);
+  h5::write_attribute_string(g, "stage_layers", s.stage_layers, kCode);
+  {
+    hsize_t dims[2] = {static_cast<hsize_t>(s.rng.size(0)), static_cast<hsize_t>(s.rng.size(1))};
+    h5::Handle space(h5::check_id(H5Screate_simple(2, dims, nullptr), kCode, "H5Screate_simple"), H5Sclose);
+    h5::Handle rng(h5::check_id(H5Dcreate2(g, "rng_cpu", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                           H5P_DEFAULT),
+                                kCode, path + ": creating /trainer/rng_cpu"),
+                   H5Dclose);
+    h5::check(H5Dwrite(rng.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.rng.data_ptr()), kCode,
+              path + ": writing /trainer/rng_cpu");
+    h5::write_attribute_string(rng.get(), kChecksumAttribute, hex64(xxh64(s.rng.data_ptr(), s.rng.nbytes())), kCode);
+  }
+  h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
+  h5::write_attribute_string(root.get(), "format", kCheckpointFormat, kCode);
+  h5::write_attribute_u64(root.get(), "format_version", kCheckpointFormatVersion, kCode);
+}
+
 std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash) {
   return std::to_string(offset) + "+" + std::to_string(count) + ":" + hex64(hash);
 }

@@ -1,9 +1,11 @@
-// dstrain ckpt inspect: what a checkpoint holds; dstrain ckpt verify: whether its data are intact.
+// dstrain ckpt inspect: what a checkpoint holds; dstrain ckpt verify: whether its data are intact;
+// import-hf and export-hf (ckpt_hf.cpp): Hugging Face weights in and out.
 #include "ckpt.h"
 
 #include <cstdio>
 #include <iostream>
 
+#include "ckpt_hf.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/error.h"
 
@@ -13,7 +15,10 @@ namespace {
 const char* kCkptUsage =
     "usage: dstrain ckpt inspect FILE    step, layout, configuration, every tensor with shape and dtype\n"
     "       dstrain ckpt verify FILE     read every dataset and check it against its checksum\n"
-    "FILE is a checkpoint, or a checkpoint directory (its latest).\n";
+    "       dstrain ckpt import-hf PATH --config FILE.ini --output CKPT.h5    Hugging Face safetensors into a checkpoint\n"
+    "       dstrain ckpt export-hf FILE --output DIR [--dtype D] [--max-shard-size SIZE]    a checkpoint's model as safetensors\n"
+    "FILE is a checkpoint, or a checkpoint directory (its latest). dstrain ckpt import-hf --help (export-hf --help)\n"
+    "say more.\n";
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -70,8 +75,12 @@ int ckpt_command(const std::vector<std::string>& args) {
     std::cout << kCkptUsage;
     return 0;
   }
+  if (!args.empty() && args[0] == "import-hf") return import_hf_command({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "export-hf") return export_hf_command({args.begin() + 1, args.end()});
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify"))
-    throw Error(ExitCode::kUsage, std::string("ckpt: expected inspect FILE or verify FILE\n") + kCkptUsage);
+    throw Error(ExitCode::kUsage,
+                std::string("ckpt: expected inspect FILE, verify FILE, import-hf PATH ... or export-hf FILE ...\n") +
+                    kCkptUsage);
   const CheckpointReader reader(resolve_resume(args[1], ""));
   return args[0] == "inspect" ? inspect(reader) : verify(reader);
 }

@@ -43,7 +43,7 @@ const char* kUsage =
     "  data    import llm.c or Megatron corpora, inspect any corpus: dstrain data import|inspect ...\n"
     "  bench   measure: dstrain bench step|comm|memory|io [--config FILE] [--section.key value ...]\n"
     "  pipeline  simulate a schedule: dstrain pipeline simulate --pp P --microbatches M [--schedule S]\n"
-    "  ckpt    inspect or verify a checkpoint: dstrain ckpt inspect|verify FILE\n"
+    "  ckpt    inspect or verify a checkpoint, Hugging Face weights in and out: dstrain ckpt inspect|verify|import-hf|export-hf\n"
     "  model   what a configuration costs: dstrain model info --config FILE [--ranks N] [--json]\n"
     "  eval    loss and perplexity of a checkpoint: [mpirun -np N] dstrain eval --ckpt CKPT --data CORPUS\n"
     "  generate  continue a text with a checkpoint's model: dstrain generate --ckpt CKPT --prompt TEXT\n"

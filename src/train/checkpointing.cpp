@@ -1,5 +1,6 @@
 #include "dstrain/train/checkpointing.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "dstrain/core/error.h"
@@ -48,6 +49,11 @@ std::string model_shape_text(const ModelConfig& m) {
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {
   const CheckpointState& s = reader.state();
   const std::string& path = reader.path();
+  const auto& datasets = reader.datasets();
+  if (std::none_of(datasets.begin(), datasets.end(),
+                   [](const CheckpointReader::DatasetInfo& d) { return d.name.compare(0, 6, "optim/") == 0; }))
+    throw Error(kCode, path + ": model weights without optimizer state (an import?): a run cannot continue it; "
+                       "start one from its weights with ckpt.load_weights = " + path);
   if (s.model_shape != expected.model_shape) {
     std::istringstream lines(expected.model_shape);
     std::string line;
@@ -101,6 +107,33 @@ void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const Nam
   }
   optimizer.load_masters();
   optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));
+}
+
+void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
+  torch::NoGradGuard no_grad;
+  // The dataset to read `name` from: the fp32 master of a bf16/fp16 run is the more precise.
+  auto source = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const std::string master = "optim/" + name + "/master", dataset = reader.find(master) ? master : "model/" + name;
+    const CheckpointReader::DatasetInfo* info = reader.find(dataset);
+    if (!info)
+      throw Error(kCode, reader.path() + ": no dataset /model/" + name +
+                             ": the weights of another model (compare `dstrain ckpt inspect`)");
+    if (info->shape != shape) {
+      std::string has, wants;
+      for (int64_t d : info->shape) has += (has.empty() ? "" : ", ") + std::to_string(d);
+      for (int64_t d : shape) wants += (wants.empty() ? "" : ", ") + std::to_string(d);
+      throw Error(kCode, reader.path() + ": /" + dataset + " has shape [" + has + "]; this model's " + name + " has [" +
+                             wants + "]");
+    }
+    return dataset;
+  };
+  for (const auto& [name, param] : params)
+    if (!param.requires_grad()) param.copy_(reader.read(source(name, param.sizes().vec())));
+  for (AdamW::State& s : optimizer.states()) {
+    torch::Tensor whole = reader.read(source(s.name, s.full_shape));
+    s.master.copy_(whole.reshape({-1}).narrow(0, s.offset, s.master.numel()).view(s.master.sizes()));
+  }
+  optimizer.load_masters();
 }
 
 }  // namespace dstrain

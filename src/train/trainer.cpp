@@ -114,9 +114,10 @@ NamedTensors parameters_of(const std::vector<CausalLM>& chunks) {
 
 class Trainer {
  public:
-  // `resume`: the checkpoint to continue from ("": start afresh), the same on every rank.
+  // `resume`: the checkpoint to continue from ("": start afresh), the same on every rank;
+  // `weights`: when starting afresh, the checkpoint whose model weights to start from ("": none).
   Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel,
-          const DevicePlacement& placement, const std::string& resume);
+          const DevicePlacement& placement, const std::string& resume, const std::string& weights);
   TrainResult run();
 
  private:
@@ -133,6 +134,9 @@ class Trainer {
   // (fp16 skips those; it stops when its loss scale has collapsed). Synchronises.
   void check_finite_steps(int64_t step);
   void resume_from(const std::string& path);
+  // ckpt.load_weights: the parameters (their fp32 masters when the checkpoint has them) of a
+  // checkpoint, the optimizer state fresh, step 0.
+  void start_from_weights(const std::string& path);
   // Starts writing a checkpoint of the state after `step` (training goes on meanwhile).
   void save_checkpoint(int64_t step);
   // Every rank learns at this step boundary whether any was asked to stop (SIGTERM, SIGUSR1).
@@ -182,7 +186,7 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext& parallel,
-                 const DevicePlacement& placement, const std::string& resume)
+                 const DevicePlacement& placement, const std::string& resume, const std::string& weights)
     : config_(c), parallel_(parallel), placement_(placement), is_reporting_rank_(parallel.world_rank == 0) {
   torch::set_num_threads(c.loop.threads);
   train_data_ = open_mixture(c.data.train, "data.train");
@@ -266,7 +270,13 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   corpus_fingerprint_ = train_data_.fingerprint();
   checkpoints_ = std::make_unique<CheckpointWriter>(c.ckpt.dir, RetentionPolicy{c.ckpt.keep_last, c.ckpt.keep_every},
                                                     parallel);
-  if (!resume.empty()) resume_from(resume);
+  if (!resume.empty()) {
+    resume_from(resume);
+    if (!c.ckpt.load_weights.empty())
+      log::info("ckpt.load_weights = ", c.ckpt.load_weights, " left aside: the run continues from its own checkpoint");
+  } else if (!weights.empty()) {
+    start_from_weights(weights);
+  }
   if (executor_->needs_batches())
     loader_ = std::make_unique<DataLoader>(train_data_, loader_options_, /*start_step=*/start_step_);
   if (valid_corpus_) {
@@ -494,6 +504,14 @@ void Trainer::resume_from(const std::string& path) {
             same_layout ? "" : ", continuing on this layout");
 }
 
+void Trainer::start_from_weights(const std::string& path) {
+  CheckpointReader reader(path);
+  load_weights(reader, *optimizer_, params_);
+  grads_->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
+  log::info("starting from the weights of ", path, " (its step ", reader.state().step,
+            "): fresh optimizer state, step 0");
+}
+
 void Trainer::save_checkpoint(int64_t step) {
   check_finite_steps(step);  // a non-finite step never reaches a checkpoint
   CheckpointState state;
@@ -688,17 +706,21 @@ TrainResult run_training(Options options) {
   // Which checkpoint to continue from: decided by rank 0 alone, so that ranks that see a shared
   // file system at different moments cannot disagree. Its checkpoint directory is made now, so
   // that an unusable ckpt.dir is found at the start, not at the first save.
-  std::string resume;
+  // A run with nothing to resume may start from another checkpoint's weights (fine-tuning).
+  std::string resume, weights;
   agreed_phase(world_rank, [&] {
     if (world_rank != 0) return;
     std::string why;
     if (!files::make_directories(config.ckpt.dir, &why))
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
+    if (resume.empty() && !config.ckpt.load_weights.empty())
+      weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });
   resume = parallel->world->broadcast_string(resume, 0);
+  weights = parallel->world->broadcast_string(weights, 0);
   agreed_phase(world_rank, [&] {  // this rank alone: files, model, optimizer
-    trainer = std::make_unique<Trainer>(config, options, *parallel, placement, resume);
+    trainer = std::make_unique<Trainer>(config, options, *parallel, placement, resume, weights);
   });
 
   // Training: an error now is this rank's alone and the others are inside collectives; the

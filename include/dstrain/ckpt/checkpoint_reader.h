@@ -15,6 +15,9 @@ namespace dstrain {
 // "auto": the one `latest` in `dir` names, if there is a `latest`; a directory: its `latest`; a
 // file: itself. Throws Error(kCheckpoint) when a named file is missing.
 std::string resolve_resume(const std::string& resume, const std::string& dir);
+// A checkpoint file, or a checkpoint directory: the file its `latest` names. Throws
+// Error(kCheckpoint) naming `key` (the option that gave `path`) when there is no such file.
+std::string resolve_checkpoint(const std::string& path, const std::string& key);
 
 class CheckpointReader {
  public:

@@ -10,6 +10,7 @@
 #include "dstrain/core/torch_api.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -88,5 +89,14 @@ class CheckpointWriter {
   std::atomic<bool> written_{false};
   std::thread thread_;
 };
+
+// A checkpoint written whole by one process, outside a training run (`dstrain ckpt import-hf`):
+// the datasets `names` ("model/<hf name>"), asked of `source` one at a time and stored in the
+// tensor's dtype, then `state`: the file a run would write, readable by everything that reads
+// checkpoints. Written as PATH.tmp and renamed PATH when complete, so that an existing PATH stays
+// as it was until then; on failure PATH.tmp is removed. Throws Error(kCheckpoint) naming the file.
+void write_checkpoint_file(const std::string& path, const std::vector<std::string>& names,
+                           const std::function<torch::Tensor(const std::string&)>& source,
+                           const CheckpointState& state);
 
 }  // namespace dstrain

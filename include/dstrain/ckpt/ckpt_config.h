@@ -14,6 +14,7 @@ struct CkptConfig {
   int keep_last = 3;         // retention: the newest K (0: all) ...
   int keep_every = 0;        // ... and every one whose step is a multiple of N (0: none)
   std::string resume = "auto";  // auto | none | PATH
+  std::string load_weights;     // a checkpoint whose model starts a new run ("": none)
   bool save_final = false;   // RUN_DIR/final_model.h5 at the end
 };
 

@@ -44,6 +44,11 @@ struct CheckpointState {
 h5::Handle stored_type(torch::ScalarType dtype);
 torch::ScalarType dtype_of_stored(hid_t type, const std::string& context);
 
+// Completes a checkpoint file: the group /trainer with the state's attributes and its dataset
+// rng_cpu (checksummed), and the format attributes of "/", which mark the file a checkpoint.
+// Throws Error(kCheckpoint) naming `path`.
+void write_checkpoint_state(hid_t file, const CheckpointState& state, const std::string& path);
+
 // The checksum record of one piece of a dataset written in pieces, "OFFSET+COUNT:HASH"; pieces
 // records join with commas (join_piece_checksums sorts them by offset).
 std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash);

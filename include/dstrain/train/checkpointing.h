@@ -42,4 +42,11 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 // bias) are read from "model/<name>".
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params);
 
+// A new run from a checkpoint's model alone (ckpt.load_weights): this rank's masters (or
+// parameters) from the checkpoint's fp32 masters where it has them, else from its parameters;
+// those the optimizer does not update from "model/<name>"; the moments and the step count stay
+// as they are (fresh). Throws Error(kCheckpoint) naming the file and the tensor when one is missing
+// or has another shape. Under ZeRO-1 the caller then gathers the parameters.
+void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params);
+
 }  // namespace dstrain

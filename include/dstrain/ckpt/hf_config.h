@@ -1,0 +1,34 @@
+// The config.json of a Hugging Face model with the shape of a dstrain model: what transformers
+// (and DeepSeek's own modelling code) need to load exported weights. dstrain's [model] keys are
+// already Hugging Face's names, save a few (num_layers, num_heads, num_kv_heads, max_seq_len, the
+// rope_* YaRN keys, which become rope_scaling).
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "dstrain/model/model_config.h"
+
+namespace dstrain {
+
+// "bfloat16", "float16", "float32": config.json's torch_dtype.
+const char* hf_torch_dtype(torch::ScalarType dtype);
+
+struct HfConfig {
+  nlohmann::json json;
+  // What the exported model cannot mean in that architecture (a dense model with interleaved
+  // RoPE, which Llama rotates half-split; MoE without MLA, which DeepSeek-V2's code lacks).
+  std::vector<std::string> warnings;
+};
+
+// DeepseekV3ForCausalLM (model_type deepseek_v3) when the router is V3's (noaux_tc, or sigmoid
+// scores); DeepseekV2ForCausalLM when the model has MLA or MoE otherwise; LlamaForCausalLM for a
+// dense DeepSeek-LLM, as DeepSeek publishes those. tie_word_embeddings is false: dstrain's
+// lm_head is a weight of its own.
+HfConfig hf_config(const ModelConfig& model, torch::ScalarType dtype);
+
+}  // namespace dstrain

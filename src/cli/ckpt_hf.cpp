@@ -1,0 +1,149 @@
+#include "ckpt_hf.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+
+#include "command_args.h"
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/format.h"
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/core/log.h"
+#include "dstrain/train/hf_conversion.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+
+const char* kImportHfUsage =
+    "usage: dstrain ckpt import-hf PATH --config FILE.ini --output CKPT.h5 [--section.key value ...]\n"
+    "\n"
+    "Reads Hugging Face safetensors weights (PATH: a .safetensors file, or a directory with\n"
+    "model.safetensors or with shards and model.safetensors.index.json; BF16, F16 or F32) into a new\n"
+    "checkpoint CKPT.h5 for the model that FILE.ini configures (its [model] keys, train.precision for\n"
+    "the stored dtype). Every parameter must be in the files with the same shape. `dstrain eval` and\n"
+    "`generate` read the checkpoint; `dstrain train --ckpt.load_weights CKPT.h5` fine-tunes from it.\n";
+
+const char* kExportHfUsage =
+    "usage: dstrain ckpt export-hf CKPT --output DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
+    "\n"
+    "Writes the model of checkpoint CKPT (a file, or a checkpoint directory: its latest) into DIR as\n"
+    "Hugging Face weights: model.safetensors, or shards model-0000i-of-0000N.safetensors of at most\n"
+    "SIZE (default 5GB; B, KB, MB, GB, KiB, MiB, GiB) and model.safetensors.index.json, and config.json.\n"
+    "  --dtype D            the tensors' dtype (default: as stored in the checkpoint)\n";
+
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+// "5GB", "500MB", "2GiB", "1000": bytes.
+uint64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double number = std::strtod(text.c_str(), &end);
+  const std::string unit = end ? std::string(end) : "";
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "TB") scale = 1e12;
+  else if (unit == "KiB") scale = 1024.0;
+  else if (unit == "MiB") scale = 1024.0 * 1024;
+  else if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  const double bytes = number * scale;
+  if (text.empty() || end == text.c_str() || errno != 0 || scale == 0 || !std::isfinite(bytes) || bytes < 1 ||
+      bytes > 1e18)
+    throw config_error("--max-shard-size", text, "expected a size such as 5GB, 500MB, 2GiB or a number of bytes");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string megabytes(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return text;
+}
+
+}  // namespace
+
+int import_hf_command(const std::vector<std::string>& args) {
+  const CommandArgs parsed = split_command_args(args, {"config", "output"}, "ckpt import-hf");
+  if (parsed.help) {
+    std::cout << kImportHfUsage;
+    return 0;
+  }
+  // The first argument that is no option is the source; the rest are --section.key overrides.
+  if (parsed.overrides.empty() || parsed.overrides[0].rfind("--", 0) == 0)
+    throw Error(ExitCode::kUsage, std::string("ckpt import-hf: give the safetensors file or directory first\n") +
+                                      kImportHfUsage);
+  const std::string source = parsed.overrides[0];
+  const std::vector<std::string> overrides(parsed.overrides.begin() + 1, parsed.overrides.end());
+  for (const char* required : {"config", "output"})
+    if (!parsed.own.count(required))
+      throw Error(ExitCode::kUsage, std::string("ckpt import-hf: give --") + required + "\n" + kImportHfUsage);
+  const std::string output = parsed.own.at("output");
+  if (is_directory(output))
+    throw config_error("--output", output, "a directory; give the checkpoint file to write, such as " + output +
+                                               "/imported.h5");
+  const OptionTable table = train_option_table();
+  std::vector<std::string> config_args = {"--config", parsed.own.at("config")};
+  config_args.insert(config_args.end(), overrides.begin(), overrides.end());
+  const ParsedCommandLine config = parse_command_line(table, config_args);
+
+  const HfImportResult result = import_hf(source, config.options, output);
+  for (const std::string& warning : result.warnings) log::warning(warning);
+  std::printf("imported %lld tensors (%s, %s) from %s into %s", static_cast<long long>(result.tensors),
+              megabytes(result.bytes).c_str(), dtype_name(result.dtype), source.c_str(), output.c_str());
+  if (!result.skipped.empty()) {
+    std::printf("; skipped %zu:", result.skipped.size());
+    for (size_t i = 0; i < result.skipped.size() && i < 6; ++i) std::printf(" %s", result.skipped[i].c_str());
+    if (result.skipped.size() > 6) std::printf(" ...");
+  }
+  std::printf("\n");
+  return 0;
+}
+
+int export_hf_command(const std::vector<std::string>& args) {
+  const CommandArgs parsed = split_command_args(args, {"output", "dtype", "max-shard-size"}, "ckpt export-hf");
+  if (parsed.help) {
+    std::cout << kExportHfUsage;
+    return 0;
+  }
+  if (parsed.overrides.size() != 1 || parsed.overrides[0].rfind("--", 0) == 0)
+    throw Error(ExitCode::kUsage, std::string("ckpt export-hf: expected one checkpoint and the options below") +
+                                      (parsed.overrides.size() > 1 ? " (unknown: " + parsed.overrides[1] + ")" : "") +
+                                      "\n" + kExportHfUsage);
+  if (!parsed.own.count("output"))
+    throw Error(ExitCode::kUsage, std::string("ckpt export-hf: give --output DIR\n") + kExportHfUsage);
+  std::optional<torch::ScalarType> dtype;
+  if (parsed.own.count("dtype")) {
+    const std::string& name = parsed.own.at("dtype");
+    if (name == "bf16") dtype = torch::kBFloat16;
+    else if (name == "fp16") dtype = torch::kFloat16;
+    else if (name == "fp32") dtype = torch::kFloat32;
+    else throw config_error("--dtype", name, "expected bf16, fp16 or fp32");
+  }
+  const uint64_t max_shard = parse_size(parsed.own.count("max-shard-size") ? parsed.own.at("max-shard-size") : "5GB");
+  if (!files::exists(parsed.overrides[0]))
+    throw Error(ExitCode::kCheckpoint, parsed.overrides[0] + ": no such checkpoint file or directory");
+  const std::string checkpoint = resolve_checkpoint(parsed.overrides[0], "CKPT");
+  const std::string dir = parsed.own.at("output");
+
+  const HfExportResult result = export_hf(checkpoint, dir, dtype, max_shard);
+  for (const std::string& warning : result.warnings) log::warning(warning);
+  std::printf("exported %lld tensors (%s, %s) of %s into %s:", static_cast<long long>(result.tensors),
+              megabytes(result.bytes).c_str(), dtype_name(result.dtype), checkpoint.c_str(), dir.c_str());
+  for (const std::string& file : result.files) std::printf(" %s", file.c_str());
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace dstrain

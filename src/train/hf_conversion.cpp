@@ -1,0 +1,249 @@
+#include "dstrain/train/hf_conversion.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/checkpoint_writer.h"
+#include "dstrain/ckpt/hf_config.h"
+#include "dstrain/ckpt/hf_weights.h"
+#include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
+#include "dstrain/model/transformer.h"
+#include "dstrain/train/checkpoint_model.h"
+#include "dstrain/train/checkpointing.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+namespace {
+
+constexpr ExitCode kCode = ExitCode::kCheckpoint;
+const std::string kLayers = "model.layers.";
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+torch::ScalarType dtype_named(const std::string& name) {
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp16") return torch::kFloat16;
+  return torch::kFloat32;
+}
+
+bool readable_dtype(const std::string& dtype) { return dtype == "BF16" || dtype == "F16" || dtype == "F32"; }
+
+// One message for the problems found, the first ones in full.
+Error import_error(const std::vector<std::string>& problems) {
+  if (problems.size() == 1) return Error(kCode, problems[0]);
+  std::string message = std::to_string(problems.size()) + " tensors do not fit the configuration's model:";
+  for (size_t i = 0; i < problems.size() && i < 8; ++i) message += "\n  " + problems[i];
+  if (problems.size() > 8) message += "\n  ... and " + std::to_string(problems.size() - 8) + " more";
+  return Error(kCode, message);
+}
+
+}  // namespace
+
+int64_t hf_layer_index(const std::string& name) {
+  if (name.compare(0, kLayers.size(), kLayers) != 0) return -1;
+  size_t end = kLayers.size();
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == kLayers.size() || end - kLayers.size() > 9 || end >= name.size() || name[end] != '.') return -1;
+  return std::stoll(name.substr(kLayers.size(), end - kLayers.size()));
+}
+
+std::vector<std::pair<std::string, std::string>> hf_shared_copies(const std::vector<std::string>& names,
+                                                                  int64_t num_hidden_layers) {
+  std::set<int64_t> modules;
+  for (const std::string& name : names)
+    if (hf_layer_index(name) >= num_hidden_layers) modules.insert(hf_layer_index(name));
+  std::vector<std::pair<std::string, std::string>> copies;
+  for (int64_t i : modules) {
+    const std::string prefix = kLayers + std::to_string(i) + ".";
+    copies.emplace_back(prefix + "embed_tokens.weight", "model.embed_tokens.weight");
+    copies.emplace_back(prefix + "shared_head.head.weight", "lm_head.weight");
+  }
+  std::sort(copies.begin(), copies.end());
+  return copies;
+}
+
+std::string hf_shared_original(const std::string& name, int64_t num_hidden_layers) {
+  const int64_t i = hf_layer_index(name);
+  if (i < num_hidden_layers) return "";
+  const std::string rest = name.substr(kLayers.size() + std::to_string(i).size() + 1);
+  if (rest == "embed_tokens.weight") return "model.embed_tokens.weight";
+  if (rest == "shared_head.head.weight") return "lm_head.weight";
+  return "";
+}
+
+HfImportResult import_hf(const std::string& source, Options options, const std::string& output) {
+  const ModelConfig model = read_model_config(options);
+  const std::string precision = options.get_choice("train.precision", {"fp32", "bf16", "fp16"});
+  const uint64_t seed = static_cast<uint64_t>(options.get_int("run.seed", 0));
+  const int64_t seq_len = options.get_int("train.seq_len", 1, model.max_seq_len);
+  HfImportResult result;
+  result.dtype = dtype_named(precision);
+
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
+  const HfWeights weights(source);
+  std::set<std::string> parameters;
+  std::set<int64_t> layers;  // the model's, multi-token prediction modules included
+  std::vector<std::string> problems;
+  for (const auto& [name, shape] : shapes) {
+    parameters.insert(name);
+    layers.insert(hf_layer_index(name));
+    const SafetensorsEntry* e = weights.find(name);
+    if (!e)
+      problems.push_back(source + ": no tensor " + name + " (shape " + shape_text(shape) +
+                         " in the configuration's model)");
+    else if (e->shape != shape)
+      problems.push_back(weights.file_of(name) + ": tensor " + name + " has shape " + shape_text(e->shape) +
+                         "; the configuration's model expects " + shape_text(shape));
+    else if (!readable_dtype(e->dtype))
+      problems.push_back(weights.file_of(name) + ": tensor " + name + " has dtype " + e->dtype +
+                         "; dstrain reads BF16, F16 and F32 (dequantize the weights first)");
+  }
+  std::vector<std::pair<std::string, std::string>> copies;  // to compare with what they copy
+  int64_t unbuilt = 0;
+  for (const std::string& name : weights.names()) {
+    if (parameters.count(name)) continue;
+    const std::string original = hf_shared_original(name, model.num_layers);
+    const int64_t layer = hf_layer_index(name);
+    if (!original.empty() && layers.count(layer)) {
+      copies.emplace_back(name, original);
+    } else if (ends_with(name, "rotary_emb.inv_freq")) {
+      // a buffer older files carry; dstrain computes its rotary tables
+    } else if (layer >= model.num_layers) {
+      ++unbuilt;
+    } else {
+      problems.push_back(weights.file_of(name) + ": tensor " + name +
+                         " is no parameter of the configuration's model (a file of another model, or another "
+                         "configuration?)");
+      continue;
+    }
+    result.skipped.push_back(name);
+  }
+  if (!problems.empty()) throw import_error(problems);
+  for (const auto& [copy, original] : copies) {
+    const torch::Tensor a = weights.read(copy), b = weights.read(original);
+    if (!a.sizes().equals(b.sizes()) || !a.to(torch::kFloat32).equal(b.to(torch::kFloat32)))
+      result.warnings.push_back("tensor " + copy + " differs from " + original +
+                                ", which the multi-token prediction module shares in dstrain: " + original + " is kept");
+  }
+  if (unbuilt > 0)
+    result.warnings.push_back("skipped " + std::to_string(unbuilt) + " tensor(s) of multi-token prediction layers " +
+                              "(model.layers." + std::to_string(model.num_layers) +
+                              " on) that the configuration's model does not have");
+
+  CheckpointState state;
+  state.step = 0;
+  state.seq_len = static_cast<uint64_t>(seq_len);
+  state.global_batch = static_cast<uint64_t>(options.get_int("train.global_batch", 0));
+  state.config = options.to_ini();
+  state.model_shape = model_shape_text(model);
+  state.schedule = options.raw("parallel.schedule");
+  state.stage_layers = std::to_string(model.num_layers);
+  state.rng = at::make_generator<at::CPUGeneratorImpl>(seed).get_state().reshape({1, -1});
+  std::vector<std::string> datasets;
+  for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
+  std::string why;
+  if (!files::parent(output).empty() && !files::make_directories(files::parent(output), &why))
+    throw config_error("--output", output, "cannot create its directory (" + why + ")");
+  write_checkpoint_file(
+      output, datasets,
+      [&](const std::string& dataset) {
+        torch::Tensor t = weights.read(dataset.substr(6)).to(result.dtype);
+        ++result.tensors;
+        result.bytes += static_cast<int64_t>(t.nbytes());
+        return t;
+      },
+      state);
+  return result;
+}
+
+HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, std::optional<torch::ScalarType> dtype,
+                         uint64_t max_shard_bytes) {
+  const CheckpointReader reader(checkpoint);
+  const OptionTable table = train_option_table();
+  ModelConfig model;
+  try {
+    Options options = parse_command_line(table, checkpoint_config_arguments(reader.state().config)).options;
+    model = read_model_config(options);
+  } catch (const Error& e) {
+    throw Error(kCode, checkpoint + ": its configuration does not read: " + e.what());
+  }
+  std::map<std::string, const CheckpointReader::DatasetInfo*> stored;
+  for (const CheckpointReader::DatasetInfo& d : reader.datasets())
+    if (d.name.compare(0, 6, "model/") == 0) stored[d.name.substr(6)] = &d;
+  // The datasets must be the model's parameters: config.json describes those.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
+  for (const auto& [name, shape] : shapes) {
+    auto it = stored.find(name);
+    if (it == stored.end())
+      throw Error(kCode, checkpoint + ": no dataset /model/" + name + ", which the model of its configuration has");
+    if (it->second->shape != shape)
+      throw Error(kCode, checkpoint + ": /model/" + name + " has shape " + shape_text(it->second->shape) +
+                             "; the model of its configuration has " + shape_text(shape));
+  }
+  if (stored.size() != shapes.size())
+    for (const auto& [name, info] : stored)
+      if (!std::binary_search(shapes.begin(), shapes.end(), std::make_pair(name, info->shape)))
+        throw Error(kCode, checkpoint + ": /model/" + name + " is no parameter of the model of its configuration");
+
+  HfExportResult result;
+  std::vector<SafetensorsSpec> specs;
+  std::map<std::string, std::string> original_of;  // tensor written → dataset read
+  std::vector<std::string> names;
+  for (const auto& [name, info] : stored) {
+    const torch::ScalarType out = dtype.value_or(info->dtype);
+    if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
+      throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
+                             "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");
+    specs.push_back({name, out, info->shape});
+    original_of[name] = name;
+    names.push_back(name);
+  }
+  for (const auto& [copy, original] : hf_shared_copies(names, model.num_layers)) {
+    const CheckpointReader::DatasetInfo* info = stored.at(original);
+    specs.push_back({copy, dtype.value_or(info->dtype), info->shape});
+    original_of[copy] = original;
+  }
+  std::map<std::string, torch::ScalarType> dtype_of;
+  for (const SafetensorsSpec& s : specs) {
+    dtype_of[s.name] = s.dtype;
+    result.bytes += static_cast<int64_t>(safetensors_bytes(s));
+  }
+  result.tensors = static_cast<int64_t>(specs.size());
+  result.dtype = dtype.value_or(stored.at("model.embed_tokens.weight")->dtype);
+  const HfConfig config = hf_config(model, result.dtype);
+  result.warnings = config.warnings;
+
+  result.files = write_hf_weights(
+      dir, specs,
+      [&](const std::string& name) { return reader.read("model/" + original_of.at(name)).to(dtype_of.at(name)); },
+      max_shard_bytes);
+  const std::string path = dir + "/config.json", tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << config.json.dump(2) << "\n";
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(kCode, tmp + ": cannot write");
+    }
+  }
+  std::string why;
+  if (!files::rename(tmp, path, &why)) throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
+  result.files.push_back("config.json");
+  return result;
+}
+
+}  // namespace dstrain

@@ -1,0 +1,344 @@
+// Hugging Face weights in and out: dstrain ckpt export-hf and import-hf from the command line,
+// on a trained DeepSeek-V3-shaped model and on files written independently by a Python script.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/core/files.h"
+#include "dstrain/model/transformer.h"
+#include "dstrain/train/train_config.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+using dstrain::CheckpointReader;
+
+namespace {
+
+std::string input(const std::string& name) { return std::string(DSTRAIN_SOURCE_DIR) + "/input/" + name; }
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// tiny-v3 for 6 steps on one rank, its checkpoint at the end; once per test process.
+const std::string& trained_v3() {
+  static const std::string dir = [] {
+    const std::string d = scratch_dir("hf-v3-" + std::to_string(getpid()));
+    RunOutput run = run_dstrain(1, {"train", "--config", input("tiny-v3.ini"), "--run.dir", d, "--data.train",
+                                    test_corpus().train, "--train.device", "cpu", "--train.micro_batch", "1",
+                                    "--train.global_batch", "8", "--train.steps", "6", "--ckpt.interval", "6"});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return d;
+  }();
+  return dir;
+}
+
+// Every /model dataset of `b` has the name, dtype, shape and bytes of `a`'s.
+void expect_same_model(const std::string& a, const std::string& b) {
+  const CheckpointReader ra(a), rb(b);
+  std::vector<std::string> names_a, names_b;
+  for (const auto& d : ra.datasets())
+    if (d.name.rfind("model/", 0) == 0) names_a.push_back(d.name);
+  for (const auto& d : rb.datasets())
+    if (d.name.rfind("model/", 0) == 0) names_b.push_back(d.name);
+  ASSERT_EQ(names_a, names_b);
+  ASSERT_GT(names_a.size(), 10u);
+  for (const std::string& name : names_a) {
+    const torch::Tensor x = ra.read(name), y = rb.read(name);
+    ASSERT_EQ(x.scalar_type(), y.scalar_type()) << name;
+    ASSERT_EQ(x.sizes(), y.sizes()) << name;
+    EXPECT_EQ(std::string(static_cast<const char*>(x.data_ptr()), x.nbytes()),
+              std::string(static_cast<const char*>(y.data_ptr()), y.nbytes()))
+        << name;
+  }
+}
+
+double eval_loss(const std::string& ckpt, const std::string& json) {
+  RunOutput run = run_dstrain(0, {"eval", "--ckpt", ckpt, "--data", test_corpus().valid, "--batches", "2", "--json",
+                                  json, "--train.device", "cpu"});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  return read_json(json)["loss"].get<double>();
+}
+
+std::string greedy_text(const std::string& ckpt) {
+  RunOutput run = run_dstrain(0, {"generate", "--ckpt", ckpt, "--prompt", "The licensee", "--device", "cpu",
+                                  "--temperature", "0", "--max-new-tokens", "20"});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  return run.output.substr(0, run.output.find("\ngenerated "));
+}
+
+// The parameters of an input/ configuration, as the Python script's spec: each tensor with its
+// shape and a dtype taken in turn from `dtypes`.
+nlohmann::json spec_of(const std::string& config, const std::vector<std::string>& dtypes) {
+  dstrain::OptionTable table = dstrain::train_option_table();
+  const dstrain::ModelConfig model =
+      dstrain::read_model_config(dstrain::parse_command_line(table, {"--config", input(config)}).options);
+  nlohmann::json tensors = nlohmann::json::array();
+  size_t i = 0;
+  for (const auto& [name, shape] : dstrain::parameter_shapes(model))
+    tensors.push_back({{"name", name}, {"dtype", dtypes[i++ % dtypes.size()]}, {"shape", shape}});
+  return {{"tensors", tensors}};
+}
+
+// The Python script writes `spec` to `out` (a .safetensors file, or a directory of `shards`).
+void make_safetensors(const std::string& dir, const nlohmann::json& spec, const std::string& out, int shards = 1) {
+  const std::string spec_path = dir + "/spec-" + std::to_string(std::hash<std::string>()(out)) + ".json";
+  std::ofstream(spec_path) << spec.dump();
+  const std::string command = std::string(PYTHON3) + " " + DSTRAIN_SOURCE_DIR + "/tests/tools/make_safetensors.py " +
+                              spec_path + " " + out + " --shards " + std::to_string(shards);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+// What the script puts in element k of the t-th tensor.
+torch::Tensor script_values(int64_t t, const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  torch::Tensor k = torch::arange(count, torch::kInt64);
+  return ((k * 7 + 3 * t).remainder(17) - 8).to(torch::kFloat32).div(16).reshape(shape);
+}
+
+}  // namespace
+
+// A trained DeepSeek-V3-shaped model leaves and comes back bitwise; the re-export is the same
+// bytes; the imported checkpoint evaluates, generates and fine-tunes as the original.
+TEST(HfImportExport, ExportImportRoundTripIsBitwiseAndUsable) {
+  const std::string run = trained_v3(), ckpt = run + "/checkpoints/step_00000006.h5";
+  const std::string dir = scratch_dir("hf-roundtrip");
+  RunOutput exported = run_dstrain(0, {"ckpt", "export-hf", run + "/checkpoints", "--output", dir + "/hf1"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_TRUE(contains(exported.output, "model.safetensors config.json")) << exported.output;
+  const nlohmann::json config = read_json(dir + "/hf1/config.json");
+  EXPECT_EQ(config["model_type"], "deepseek_v3");
+  EXPECT_EQ(config["architectures"][0], "DeepseekV3ForCausalLM");
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_EQ(config["n_routed_experts"], 8);
+  EXPECT_EQ(config["num_hidden_layers"], 3);
+  EXPECT_EQ(config["num_nextn_predict_layers"], 1);
+  {
+    // The MTP module under V3's names, with the copies of the embedding and head V3 stores.
+    const std::string bytes = file_bytes(dir + "/hf1/model.safetensors");
+    ASSERT_GE(bytes.size(), 8u);
+    uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = (length << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, length));
+    for (const char* name : {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight",
+                             "model.layers.3.shared_head.norm.weight", "model.layers.3.embed_tokens.weight",
+                             "model.layers.3.shared_head.head.weight"})
+      EXPECT_TRUE(header.contains(name)) << name;
+  }
+
+  RunOutput imported = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf1", "--config", run + "/config.ini", "--output",
+                                       dir + "/imported.h5"});
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  expect_same_model(ckpt, dir + "/imported.h5");
+  {
+    const CheckpointReader reader(dir + "/imported.h5");
+    EXPECT_EQ(reader.state().step, 0);
+    EXPECT_TRUE(reader.verify().empty());
+    for (const auto& d : reader.datasets()) EXPECT_NE(d.name.rfind("optim/", 0), 0u) << d.name;
+  }
+  RunOutput again = run_dstrain(0, {"ckpt", "export-hf", dir + "/imported.h5", "--output", dir + "/hf2"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  for (const char* file : {"model.safetensors", "config.json"})
+    EXPECT_EQ(file_bytes(dir + "/hf1/" + file), file_bytes(dir + "/hf2/" + file)) << file;
+
+  // bf16 and sharded: every tensor rounded the same way whichever the route.
+  RunOutput bf16 = run_dstrain(0, {"ckpt", "export-hf", ckpt, "--output", dir + "/hf-bf16", "--dtype", "bf16",
+                                   "--max-shard-size", "20KB"});
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_TRUE(dstrain::files::exists(dir + "/hf-bf16/model.safetensors.index.json"));
+  EXPECT_FALSE(dstrain::files::exists(dir + "/hf-bf16/model.safetensors"));
+  EXPECT_EQ(read_json(dir + "/hf-bf16/config.json")["torch_dtype"], "bfloat16");
+  RunOutput bf16_in = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf-bf16", "--config", run + "/config.ini",
+                                      "--train.precision", "bf16", "--output", dir + "/imported-bf16.h5"});
+  ASSERT_EQ(bf16_in.exit_code, 0) << bf16_in.output;
+  {
+    const CheckpointReader original(ckpt), rounded(dir + "/imported-bf16.h5");
+    const torch::Tensor a = original.read("model/model.layers.1.mlp.experts.3.up_proj.weight");
+    const torch::Tensor b = rounded.read("model/model.layers.1.mlp.experts.3.up_proj.weight");
+    EXPECT_EQ(b.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(a.to(torch::kBFloat16), b));
+  }
+
+  // The imported checkpoint is the model: the same loss.
+  EXPECT_EQ(eval_loss(dir + "/imported.h5", dir + "/a.json"), eval_loss(ckpt, dir + "/b.json"));
+
+  // Fine-tuning from it: the weights of the import start the run, bitwise those of the original.
+  auto finetune = [&](const std::string& name, const std::string& weights, const std::string& steps) {
+    return run_dstrain(1, {"train", "--config", input("tiny-v3.ini"), "--run.dir", dir + "/" + name, "--data.train",
+                           test_corpus().train, "--train.device", "cpu", "--train.micro_batch", "1",
+                           "--train.global_batch", "8", "--train.steps", steps, "--ckpt.interval", "4",
+                           "--ckpt.load_weights", weights});
+  };
+  RunOutput tuned = finetune("tuned", dir + "/imported.h5", "4");
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_TRUE(contains(tuned.output, "starting from the weights of " + dir + "/imported.h5")) << tuned.output;
+  RunOutput reference = finetune("tuned-from-original", run + "/checkpoints", "4");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  EXPECT_EQ(read_json(dir + "/tuned/summary.json")["param_digest"],
+            read_json(dir + "/tuned-from-original/summary.json")["param_digest"]);
+  // It learnt from the trained weights: its first batch (the run's first too) has a lower loss.
+  EXPECT_LT(train_records(dir + "/tuned").front()["loss"].get<double>(),
+            train_records(run).front()["loss"].get<double>() - 0.3);
+  // Started again (a requeued job), it continues from its own checkpoint, not from the weights.
+  RunOutput requeued = finetune("tuned", dir + "/imported.h5", "6");
+  ASSERT_EQ(requeued.exit_code, 0) << requeued.output;
+  EXPECT_TRUE(contains(requeued.output, "resuming from " + dir + "/tuned/checkpoints/step_00000004.h5"))
+      << requeued.output;
+  // An import holds no optimizer state: resuming it is refused, naming the way that works.
+  RunOutput resumed = run_dstrain(1, {"train", "--config", input("tiny-v3.ini"), "--run.dir", dir + "/resumed",
+                                      "--data.train", test_corpus().train, "--train.device", "cpu",
+                                      "--ckpt.resume", dir + "/imported.h5"});
+  EXPECT_EQ(resumed.exit_code, 4) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "ckpt.load_weights = " + dir + "/imported.h5")) << resumed.output;
+}
+
+// A dense model trained in bf16 goes out as a Llama-shaped bf16 model and comes back bitwise: it
+// writes the same text.
+TEST(HfImportExport, DenseBf16RoundTripGeneratesTheSameText) {
+  const std::string dir = scratch_dir("hf-dense");
+  RunOutput run = train_tiny(1, dir + "/run", {"--train.device", "cpu", "--train.precision", "bf16", "--train.steps",
+                                               "4", "--ckpt.interval", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string ckpt = dir + "/run/checkpoints/step_00000004.h5";
+  RunOutput exported = run_dstrain(0, {"ckpt", "export-hf", ckpt, "--output", dir + "/hf1"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const nlohmann::json config = read_json(dir + "/hf1/config.json");
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  RunOutput imported = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf1/model.safetensors", "--config",
+                                       dir + "/run/config.ini", "--output", dir + "/imported.h5"});
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  expect_same_model(ckpt, dir + "/imported.h5");
+  RunOutput again = run_dstrain(0, {"ckpt", "export-hf", dir + "/imported.h5", "--output", dir + "/hf2"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(file_bytes(dir + "/hf1/model.safetensors"), file_bytes(dir + "/hf2/model.safetensors"));
+  EXPECT_EQ(greedy_text(dir + "/imported.h5"), greedy_text(ckpt));
+}
+
+// Files written by the Python standard library (BF16, F16 and F32 tensors, unsorted headers without
+// padding, three shards and their index) import to exactly the values the script wrote.
+TEST(HfImportExport, IndependentlyWrittenShardsImportToTheirValues) {
+  const std::string dir = scratch_dir("hf-python");
+  nlohmann::json spec = spec_of("tiny.ini", {"BF16", "F16", "F32"});
+  const size_t parameters = spec["tensors"].size();
+  // Multi-token prediction tensors that this configuration has no module for: skipped.
+  spec["tensors"].push_back({{"name", "model.layers.2.embed_tokens.weight"}, {"dtype", "BF16"}, {"shape", {264, 32}}});
+  spec["tensors"].push_back({{"name", "model.layers.2.enorm.weight"}, {"dtype", "BF16"}, {"shape", {32}}});
+  make_safetensors(dir, spec, dir + "/hf", 3);
+  ASSERT_TRUE(dstrain::files::exists(dir + "/hf/model-00003-of-00003.safetensors"));
+
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const std::string out = dir + "/imported-" + precision + ".h5";
+    RunOutput run = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf", "--config", input("tiny.ini"), "--output", out,
+                                    "--train.precision", precision});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_TRUE(contains(run.output, "imported " + std::to_string(parameters) + " tensors")) << run.output;
+    EXPECT_TRUE(contains(run.output, "skipped 2: model.layers.2.embed_tokens.weight model.layers.2.enorm.weight"))
+        << run.output;
+    const CheckpointReader reader(out);
+    for (size_t t = 0; t < parameters; ++t) {
+      const std::string name = spec["tensors"][t]["name"];
+      const torch::Tensor stored = reader.read("model/" + name);
+      EXPECT_EQ(stored.scalar_type(), precision == "fp32" ? torch::kFloat32 : torch::kBFloat16) << name;
+      const auto shape = spec["tensors"][t]["shape"].get<std::vector<int64_t>>();
+      EXPECT_TRUE(torch::equal(stored.to(torch::kFloat32), script_values(static_cast<int64_t>(t), shape))) << name;
+    }
+    EXPECT_EQ(reader.find("model/model.layers.2.enorm.weight"), nullptr);
+  }
+  RunOutput generated = run_dstrain(0, {"generate", "--ckpt", dir + "/imported-fp32.h5", "--prompt", "x", "--device",
+                                        "cpu", "--max-new-tokens", "4"});
+  EXPECT_EQ(generated.exit_code, 0) << generated.output;
+  EXPECT_GT(eval_loss(dir + "/imported-bf16.h5", dir + "/eval.json"), 0.0);
+
+  // One .safetensors file given directly works too.
+  make_safetensors(dir, spec, dir + "/one.safetensors");
+  RunOutput single = run_dstrain(0, {"ckpt", "import-hf", dir + "/one.safetensors", "--config", input("tiny.ini"),
+                                     "--output", dir + "/single.h5"});
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  expect_same_model(dir + "/imported-fp32.h5", dir + "/single.h5");
+}
+
+// Files that do not fit the model, or are damaged, stop the import with exit code 4 and a message
+// naming the file and tensor; nothing appears at --output, and an existing checkpoint there stays.
+TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
+  const std::string dir = scratch_dir("hf-errors");
+  const nlohmann::json good = spec_of("tiny.ini", {"F32"});
+  make_safetensors(dir, good, dir + "/good.safetensors");
+  const std::string existing = dir + "/existing.h5";
+  RunOutput first = run_dstrain(0, {"ckpt", "import-hf", dir + "/good.safetensors", "--config", input("tiny.ini"),
+                                    "--output", existing});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string existing_bytes = file_bytes(existing);
+
+  auto import = [&](const std::string& file, const std::string& output) {
+    return run_dstrain(0, {"ckpt", "import-hf", file, "--config", input("tiny.ini"), "--output", output});
+  };
+  auto expect_refused = [&](const std::string& file, std::vector<std::string> parts) {
+    for (const std::string& output : {existing, dir + "/new.h5"}) {
+      RunOutput run = import(file, output);
+      EXPECT_EQ(run.exit_code, 4) << run.output;
+      for (const std::string& part : parts) EXPECT_TRUE(contains(run.output, part)) << part << "\n" << run.output;
+      EXPECT_FALSE(dstrain::files::exists(output + ".tmp"));
+    }
+    EXPECT_FALSE(dstrain::files::exists(dir + "/new.h5"));
+    EXPECT_EQ(file_bytes(existing), existing_bytes);
+  };
+
+  nlohmann::json missing = good;
+  for (size_t i = 0; i < missing["tensors"].size(); ++i)
+    if (missing["tensors"][i]["name"] == "model.norm.weight") missing["tensors"].erase(i);
+  make_safetensors(dir, missing, dir + "/missing.safetensors");
+  expect_refused(dir + "/missing.safetensors", {"missing.safetensors: no tensor model.norm.weight"});
+
+  nlohmann::json wrong_shape = good;
+  for (auto& t : wrong_shape["tensors"])
+    if (t["name"] == "model.layers.1.mlp.down_proj.weight") t["shape"] = {32, 60};
+  make_safetensors(dir, wrong_shape, dir + "/shape.safetensors");
+  expect_refused(dir + "/shape.safetensors",
+                 {"tensor model.layers.1.mlp.down_proj.weight has shape [32, 60]", "expects [32, 64]"});
+
+  nlohmann::json fp8 = good;
+  fp8["tensors"][3]["dtype"] = "F8_E4M3";
+  make_safetensors(dir, fp8, dir + "/fp8.safetensors");
+  expect_refused(dir + "/fp8.safetensors", {"tensor " + fp8["tensors"][3]["name"].get<std::string>(), "F8_E4M3"});
+
+  nlohmann::json other = good;
+  other["tensors"].push_back({{"name", "model.layers.0.self_attn.q_a_proj.weight"}, {"dtype", "F32"}, {"shape", {8, 32}}});
+  make_safetensors(dir, other, dir + "/other.safetensors");
+  expect_refused(dir + "/other.safetensors", {"tensor model.layers.0.self_attn.q_a_proj.weight is no parameter"});
+
+  std::string bytes = file_bytes(dir + "/good.safetensors");
+  std::string corrupt = bytes;
+  corrupt[8] = '[';  // the header's opening brace
+  std::ofstream(dir + "/corrupt.safetensors", std::ios::binary) << corrupt;
+  expect_refused(dir + "/corrupt.safetensors", {"corrupt.safetensors: the header is not a JSON object"});
+  std::ofstream(dir + "/truncated.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() - 100);
+  expect_refused(dir + "/truncated.safetensors", {"truncated.safetensors: tensor", "beyond the end of the data"});
+  std::ofstream(dir + "/length.safetensors", std::ios::binary) << std::string("\xff\xff\xff", 3) << bytes.substr(3);
+  expect_refused(dir + "/length.safetensors", {"length.safetensors: the header length", "beyond the end"});
+  expect_refused(dir + "/absent", {"absent: no such file or directory"});
+
+  RunOutput no_config = run_dstrain(0, {"ckpt", "import-hf", dir + "/good.safetensors", "--output", dir + "/x.h5"});
+  EXPECT_EQ(no_config.exit_code, 2) << no_config.output;
+  EXPECT_TRUE(contains(no_config.output, "--config")) << no_config.output;
+  RunOutput bad_dtype = run_dstrain(0, {"ckpt", "export-hf", existing, "--output", dir + "/out", "--dtype", "fp8"});
+  EXPECT_EQ(bad_dtype.exit_code, 2) << bad_dtype.output;
+  EXPECT_TRUE(contains(bad_dtype.output, "--dtype = fp8")) << bad_dtype.output;
+  RunOutput no_ckpt = run_dstrain(0, {"ckpt", "export-hf", dir + "/none.h5", "--output", dir + "/out"});
+  EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/out"));
+}
