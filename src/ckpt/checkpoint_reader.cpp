@@ -36,7 +36,10 @@ std::string latest_in(const std::string& dir) {
 
 std::string resolve_checkpoint(const std::string& path, const std::string& key) {
   if (files::exists(path + "/latest")) return latest_in(path);
-  if (!files::is_regular_file(path)) throw Error(kCode, key + " = " + path + ": no such checkpoint file");
+  if (!files::is_regular_file(path))
+    throw Error(kCode, key + " = " + path +
+                           (files::exists(path) ? ": a directory without a checkpoint (no `latest` file in it)"
+                                                : ": no such checkpoint file"));
   return path;
 }
 
@@ -56,8 +59,13 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   const hid_t file = file_.get();
   h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
   if (H5Aexists(root.get(), "format") <= 0 ||
-      h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat)
-    throw Error(kCode, path + ": not a complete dstrain checkpoint (no format attribute)");
+      h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat) {
+    // ckpt.save_final's parameter file has /model but no configuration or trainer state.
+    const bool parameter_file = H5Lexists(file, "model", H5P_DEFAULT) > 0 && H5Lexists(file, "trainer", H5P_DEFAULT) <= 0;
+    throw Error(kCode, path + (parameter_file ? ": a model parameter file (what ckpt.save_final writes), not a "
+                                                "checkpoint; give the run's checkpoints/ directory or one of its files"
+                                              : ": not a complete dstrain checkpoint (no format attribute)"));
+  }
   const uint64_t version = h5::read_attribute_u64(root.get(), "format_version", kCode, path);
   if (version < 1 || version > kCheckpointFormatVersion)
     throw Error(kCode, path + ": checkpoint format version " + std::to_string(version) + "; this dstrain reads 1 to " +
