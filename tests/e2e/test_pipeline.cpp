@@ -96,6 +96,42 @@ INSTANTIATE_TEST_SUITE_P(EveryScheduleAndLayout, PipelineLayouts,
                            return n;
                          });
 
+// Two multi-token prediction modules on the last of 8 interleaved virtual stages: the token
+// embeddings travel with the activations through the 6 between, and the run is the one-rank run.
+TEST(Pipeline, MultiTokenPredictionAcrossInterleavedStagesEqualsOneRank) {
+  const std::vector<std::string> mtp = {"--model.num_nextn_predict_layers", "2", "--train.steps", "8"};
+  auto run_with = [&](int pp, const std::string& dir) {
+    std::vector<std::string> args = kModel;
+    args.insert(args.end(), mtp.begin(), mtp.end());
+    args.insert(args.end(), {"--parallel.pp", std::to_string(pp), "--parallel.schedule", pp > 1 ? "interleaved" : "1f1b",
+                             "--parallel.virtual_stages", pp > 1 ? "2" : "1"});
+    return train_tiny(pp, dir, args);
+  };
+  const std::string one = scratch_dir("pipeline-mtp-one"), four = scratch_dir("pipeline-mtp-pp4");
+  RunOutput reference_run = run_with(1, one);
+  ASSERT_EQ(reference_run.exit_code, 0) << reference_run.output;
+  RunOutput run = run_with(4, four);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto mine = train_records(four), reference = train_records(one);
+  ASSERT_EQ(mine.size(), 8u);
+  ASSERT_EQ(reference.size(), mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_NEAR(mine[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+    ASSERT_TRUE(mine[i].contains("mtp_loss"));
+    EXPECT_NEAR(mine[i]["mtp_loss"].get<double>(), reference[i]["mtp_loss"].get<double>(), 1e-5) << "step " << i + 1;
+  }
+  dstrain::NamedTensors a = dstrain::read_parameter_file(four + "/final_model.h5");
+  dstrain::NamedTensors b = dstrain::read_parameter_file(one + "/final_model.h5");
+  // The main model, and two modules of a decoder layer (9) and 4 more each (enorm, hnorm,
+  // eh_proj, shared_head.norm).
+  ASSERT_EQ(a.size(), 2u + 8 * 9 + 1 + 2 * (9 + 4));
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_LT((a[i].second - b[i].second).abs().max().item<float>(), 1e-5) << a[i].first;
+  }
+}
+
 TEST(Pipeline, ImpossibleLayoutsAreConfigurationErrors) {
   std::string dir = scratch_dir("pipeline-errors");
   struct Case {
