@@ -1,6 +1,8 @@
 #include "dstrain/ckpt/checkpoint_reader.h"
 
 #include <fcntl.h>
+#include <cerrno>
+#include <cstring>
 #include <unistd.h>
 
 #include <algorithm>
@@ -173,14 +175,21 @@ torch::Tensor CheckpointReader::read_range(const std::string& name, int64_t offs
   char* out = static_cast<char*>(span.data_ptr());
   size_t done = 0, total = span.nbytes();
   const off_t base = static_cast<off_t>(address) + static_cast<off_t>(span_start * element);
+  int error = 0;
   while (done < total) {
     const ssize_t n = ::pread(fd, out + done, total - done, base + static_cast<off_t>(done));
-    if (n <= 0) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = n < 0 ? errno : 0;
+      break;
+    }
     done += static_cast<size_t>(n);
   }
   ::close(fd);
-  if (done < total) throw Error(kCode, at + ": reading elements " + std::to_string(span_start) + "+" +
-                                           std::to_string(span_end - span_start) + " (truncated file?)");
+  if (done < total)
+    throw Error(kCode, at + ": reading elements " + std::to_string(span_start) + "+" +
+                           std::to_string(span_end - span_start) + ": " +
+                           (error ? std::strerror(error) : "the file ends first (truncated?)"));
   for (auto piece = first; piece != last; ++piece) {
     const std::string mismatch = piece_mismatch(out + (piece->offset - span_start) * element, element, *piece);
     if (!mismatch.empty())

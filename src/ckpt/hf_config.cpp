@@ -64,6 +64,10 @@ HfConfig hf_config(const ModelConfig& m, torch::ScalarType dtype) {
   j["qk_rope_head_dim"] = m.qk_rope_head_dim;
   j["v_head_dim"] = m.v_head_dim;
   j["rope_interleave"] = m.rope_interleave;
+  if (!m.rope_interleave)
+    out.warnings.push_back("model.rope_interleave = false: DeepSeek-V2/V3's code rotates interleaved pairs (only "
+                           "transformers' deepseek_v3 reads rope_interleave); the exported model may not compute "
+                           "what dstrain does");
   j["n_routed_experts"] = or_null(m.n_routed_experts);
   j["n_shared_experts"] = or_null(m.n_shared_experts);
   j["moe_intermediate_size"] = m.moe_intermediate_size;

@@ -165,6 +165,9 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const std::vec
       written.push_back(tmp);
       if (!out) throw Error(kCode, tmp + ": cannot write");
     }
+    // An earlier export's index goes first: interrupted among the renames below, the directory
+    // holds no index that would join old shards to new ones.
+    std::remove((dir + "/" + kHfIndexFile).c_str());
     for (size_t i = 0; i < names.size(); ++i) {
       if (!files::rename(written[i], dir + "/" + names[i], &why))
         throw Error(kCode, "cannot rename " + written[i] + " to " + dir + "/" + names[i] + ": " + why);

@@ -186,14 +186,4 @@ std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch
   return params;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& config) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-    const CausalLM slice(config, LayerSlice{layer, layer + 1, layer == 0, layer == config.num_layers - 1});
-    for (const auto& [name, param] : sorted_parameters(*slice)) shapes.emplace_back(name, param.sizes().vec());
-  }
-  std::sort(shapes.begin(), shapes.end());
-  return shapes;
-}
-
 }  // namespace dstrain

@@ -129,10 +129,8 @@ void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedT
   };
   for (const auto& [name, param] : params)
     if (!param.requires_grad()) param.copy_(reader.read(source(name, param.sizes().vec())));
-  for (AdamW::State& s : optimizer.states()) {
-    torch::Tensor whole = reader.read(source(s.name, s.full_shape));
-    s.master.copy_(whole.reshape({-1}).narrow(0, s.offset, s.master.numel()).view(s.master.sizes()));
-  }
+  for (AdamW::State& s : optimizer.states())  // this rank's part only (ZeRO-1)
+    s.master.copy_(reader.read_range(source(s.name, s.full_shape), s.offset, s.master.numel()).view(s.master.sizes()));
   optimizer.load_masters();
 }
 

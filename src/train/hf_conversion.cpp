@@ -12,7 +12,7 @@
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
-#include "dstrain/model/transformer.h"
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/train_config.h"
@@ -226,12 +226,12 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
   const HfConfig config = hf_config(model, result.dtype);
   result.warnings = config.warnings;
 
-  result.files = write_hf_weights(
-      dir, specs,
-      [&](const std::string& name) { return reader.read("model/" + original_of.at(name)).to(dtype_of.at(name)); },
-      max_shard_bytes);
+  // config.json is written first, and the one of an earlier export leaves before the weights are
+  // replaced: a directory whose export failed midway has no config.json, never old and new mixed.
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
   {
+    std::string why;
+    if (!files::make_directories(dir, &why)) throw Error(kCode, dir + ": cannot create this directory (" + why + ")");
     std::ofstream out(tmp, std::ios::trunc);
     out << config.json.dump(2) << "\n";
     out.close();
@@ -239,6 +239,20 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
       std::remove(tmp.c_str());
       throw Error(kCode, tmp + ": cannot write");
     }
+  }
+  std::remove(path.c_str());
+  try {
+    // A bf16/fp16 run's fp32 master is the weight itself; its parameter is that rounded.
+    result.files = write_hf_weights(
+        dir, specs,
+        [&](const std::string& name) {
+          const std::string& original = original_of.at(name), master = "optim/" + original + "/master";
+          return reader.read(reader.find(master) ? master : "model/" + original).to(dtype_of.at(name));
+        },
+        max_shard_bytes);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
   std::string why;
   if (!files::rename(tmp, path, &why)) throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);

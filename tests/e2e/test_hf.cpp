@@ -12,6 +12,7 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/files.h"
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/train/train_config.h"
 #include "e2e_util.h"
@@ -227,6 +228,19 @@ TEST(HfImportExport, DenseBf16RoundTripGeneratesTheSameText) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(file_bytes(dir + "/hf1/model.safetensors"), file_bytes(dir + "/hf2/model.safetensors"));
   EXPECT_EQ(greedy_text(dir + "/imported.h5"), greedy_text(ckpt));
+
+  // In fp32 the export carries the fp32 master weights, not their bf16 rounding.
+  RunOutput fp32 = run_dstrain(0, {"ckpt", "export-hf", ckpt, "--output", dir + "/hf-fp32", "--dtype", "fp32"});
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  RunOutput fp32_in = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf-fp32", "--config", dir + "/run/config.ini",
+                                      "--train.precision", "fp32", "--output", dir + "/imported-fp32.h5"});
+  ASSERT_EQ(fp32_in.exit_code, 0) << fp32_in.output;
+  const CheckpointReader original(ckpt), full(dir + "/imported-fp32.h5");
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  const torch::Tensor master = original.read("optim/" + name + "/master");
+  EXPECT_EQ(master.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(full.read("model/" + name), master));
+  EXPECT_FALSE(torch::equal(master, master.to(torch::kBFloat16).to(torch::kFloat32)));  // it is more than bf16
 }
 
 // Files written by the Python standard library (BF16, F16 and F32 tensors, unsorted headers without

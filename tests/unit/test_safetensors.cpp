@@ -11,6 +11,7 @@
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/ckpt/safetensors.h"
 #include "dstrain/core/files.h"
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/train/hf_conversion.h"
 #include "dstrain/train/train_config.h"
@@ -292,11 +293,27 @@ TEST(HfNames, SharedCopiesOfMultiTokenPredictionModules) {
   EXPECT_EQ(hf_shared_original("model.layers.60.embed_tokens.weight", 61), "");
 }
 
-// An import checks its file against the model's parameters found one layer at a time: the same
-// names and shapes as the whole model's.
-TEST(HfNames, ParameterShapesAreTheWholeModels) {
-  for (const char* name : {"tiny", "tiny-v3"}) {
-    const ModelConfig config = preset(name);
+// An import or export checks the files against the parameters computed from the configuration:
+// the names and shapes of the built model, for every kind of layer.
+TEST(HfNames, ParameterShapesAreTheBuiltModels) {
+  std::vector<std::pair<std::string, ModelConfig>> configs = {{"tiny", preset("tiny")}, {"tiny-v3", preset("tiny-v3")}};
+  ModelConfig gqa = preset("tiny");
+  gqa.num_kv_heads = gqa.num_heads / 2;
+  configs.emplace_back("grouped-query", gqa);
+  ModelConfig v2 = preset("tiny-v3");  // V2-Lite's shape: no query compression, softmax, no bias
+  v2.q_lora_rank = 0;
+  v2.scoring_func = "softmax";
+  v2.topk_method = "group_limited_greedy";
+  v2.n_shared_experts = 2;
+  v2.num_nextn_predict_layers = 0;
+  configs.emplace_back("v2-like", v2);
+  ModelConfig sparse = preset("tiny-v3");  // every other layer MoE, no shared expert, two MTP modules
+  sparse.first_k_dense_replace = 0;
+  sparse.moe_layer_freq = 2;
+  sparse.n_shared_experts = 0;
+  sparse.num_nextn_predict_layers = 2;
+  configs.emplace_back("sparse", sparse);
+  for (const auto& [name, config] : configs) {
     const CausalLM whole(config, LayerSlice::whole(config));
     std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
     for (const auto& [param, t] : sorted_parameters(*whole)) expected.emplace_back(param, t.sizes().vec());

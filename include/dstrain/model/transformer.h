@@ -118,9 +118,4 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
 // Parameters by global name, sorted by name: the order every reduction and checksum uses.
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model);
 
-// The whole model's parameters by global name with their shapes, sorted by name: those of
-// CausalLM(config, LayerSlice::whole(config)), found by building one layer at a time, so that a
-// model larger than memory can be described (what an import checks its file against).
-std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& config);
-
 }  // namespace dstrain
