@@ -1,6 +1,5 @@
 #include "dstrain/ckpt/checkpoint_writer.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -88,15 +87,6 @@ void replace_file(const std::string& tmp, const std::string& path) {
 // The copy to host memory: after it, training may change the tensor.
 torch::Tensor host_copy(const torch::Tensor& t) {
   return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
-}
-
-std::vector<std::string> directory_entries(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) names.push_back(e->d_name);
-    ::closedir(d);
-  }
-  return names;
 }
 
 }  // namespace
@@ -324,7 +314,7 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string
   replace_file(latest + ".tmp", latest);
   sync_path(dir_, O_RDONLY | O_DIRECTORY);
   // Retention, and the remains of saves that crashed.
-  const std::vector<std::string> entries = directory_entries(dir_);
+  const std::vector<std::string> entries = files::directory_entries(dir_);
   for (const std::string& name : checkpoints_to_remove(entries, retention_, job_.step))
     files::remove_tree(dir_ + "/" + name);
   for (const std::string& name : entries)

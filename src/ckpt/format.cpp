@@ -159,6 +159,18 @@ const char* dtype_name(torch::ScalarType dtype) {
   }
 }
 
+torch::ScalarType dtype_named(const std::string& name) {
+  if (name == "bf16") return torch::kBFloat16;
+  if (name == "fp16") return torch::kFloat16;
+  return torch::kFloat32;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 std::string checkpoint_file_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));

@@ -1,8 +1,5 @@
 #include "dstrain/ckpt/hf_weights.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -19,11 +16,6 @@ namespace {
 
 constexpr ExitCode kCode = ExitCode::kCheckpoint;
 
-bool is_directory(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
-}
-
 std::string shard_name(size_t index, size_t count) {
   char name[64];
   std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index, count);
@@ -38,20 +30,11 @@ bool is_shard_name(const std::string& name) {
          std::sscanf(name.c_str(), "model-%5u-of-%5u.%31s", &a, &b, rest) == 3 && std::string(rest) == "safetensors";
 }
 
-std::vector<std::string> directory_entries(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) names.push_back(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
-
 }  // namespace
 
 HfWeights::HfWeights(const std::string& path) {
   std::map<std::string, std::string> weight_map;  // from the index, when there is one
-  if (!is_directory(path)) {
+  if (!files::is_directory(path)) {
     if (!files::is_regular_file(path)) throw Error(kCode, path + ": no such file or directory");
     paths_.push_back(path);
   } else if (files::is_regular_file(path + "/" + kHfIndexFile)) {
@@ -177,7 +160,7 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const std::vec
     throw;
   }
   const std::set<std::string> mine(names.begin(), names.end());
-  for (const std::string& entry : directory_entries(dir))
+  for (const std::string& entry : files::directory_entries(dir))
     if ((entry == kHfSingleFile || entry == kHfIndexFile || is_shard_name(entry)) && !mine.count(entry))
       std::remove((dir + "/" + entry).c_str());
   return names;

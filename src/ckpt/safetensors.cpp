@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 
@@ -35,12 +36,6 @@ bool host_is_little_endian() {
   unsigned char first = 0;
   std::memcpy(&first, &one, 1);
   return first == 1;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 // The number of elements, or false when it does not fit in 64 bits.

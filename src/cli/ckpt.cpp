@@ -20,12 +20,6 @@ const char* kCkptUsage =
     "FILE is a checkpoint, or a checkpoint directory (its latest). dstrain ckpt import-hf --help (export-hf --help)\n"
     "say more.\n";
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 int inspect(const CheckpointReader& r) {
   const CheckpointState& s = r.state();
   std::printf("%s\n  step %lld, %llu samples (%llu tokens) consumed, %llu optimizer steps\n", r.path().c_str(),

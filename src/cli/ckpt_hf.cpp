@@ -1,6 +1,5 @@
 #include "ckpt_hf.h"
 
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cmath>
@@ -38,11 +37,6 @@ const char* kExportHfUsage =
     "  --dtype D            the tensors' dtype (default: as stored in the checkpoint)\n";
 
 namespace {
-
-bool is_directory(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
-}
 
 // "5GB", "500MB", "2GiB", "1000": bytes.
 uint64_t parse_size(const std::string& text) {
@@ -90,7 +84,7 @@ int import_hf_command(const std::vector<std::string>& args) {
     if (!parsed.own.count(required))
       throw Error(ExitCode::kUsage, std::string("ckpt import-hf: give --") + required + "\n" + kImportHfUsage);
   const std::string output = parsed.own.at("output");
-  if (is_directory(output))
+  if (files::is_directory(output))
     throw config_error("--output", output, "a directory; give the checkpoint file to write, such as " + output +
                                                "/imported.h5");
   const OptionTable table = train_option_table();

@@ -24,12 +24,6 @@
 namespace dstrain {
 namespace {
 
-torch::ScalarType dtype_named(const std::string& name) {
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kFloat16;
-  return torch::kFloat32;
-}
-
 }  // namespace
 
 CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& checkpoint, const std::string& corpus_path,

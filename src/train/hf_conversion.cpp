@@ -27,18 +27,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-torch::ScalarType dtype_named(const std::string& name) {
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kFloat16;
-  return torch::kFloat32;
-}
-
 bool readable_dtype(const std::string& dtype) { return dtype == "BF16" || dtype == "F16" || dtype == "F32"; }
 
 // One message for the problems found, the first ones in full.

@@ -50,12 +50,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-torch::ScalarType dtype_named(const std::string& name) {
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kFloat16;
-  return torch::kFloat32;
-}
-
 std::string parameter_digest(const NamedTensors& params) {
   uint64_t hash = 0xcbf29ce484222325ull;
   auto feed = [&](const void* data, size_t size) {

@@ -6,11 +6,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace dstrain::files {
 
 bool is_regular_file(const std::string& path);
+bool is_directory(const std::string& path);
 bool exists(const std::string& path);
+// The names in a directory ("." and ".." included); empty when it cannot be read.
+std::vector<std::string> directory_entries(const std::string& dir);
 // Creates `path` and its missing parents; on failure returns false with the reason in `error`.
 bool make_directories(const std::string& path, std::string* error);
 // Removes a file or a whole directory tree, as far as it can.
