@@ -69,6 +69,10 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.grad_accum = o.get_int("train.grad_accum", 0);
   c.global_batch = o.get_int("train.global_batch", 0);
   c.seq_len = o.get_int("train.seq_len", 1, model.max_seq_len);
+  if (model.num_nextn_predict_layers >= c.seq_len)  // depth k predicts from the first seq_len - k positions
+    throw config_error("train.seq_len", std::to_string(c.seq_len),
+                       "must be longer than model.num_nextn_predict_layers = " + std::to_string(model.num_nextn_predict_layers) +
+                           " (each multi-token prediction module sees one position fewer)");
   c.eval_interval = o.get_int("train.eval_interval", 0);
   c.eval_batches = o.get_int("train.eval_batches", 1);
   c.threads = static_cast<int>(o.get_int("train.threads", 1, 1024));

@@ -93,6 +93,8 @@ TEST_F(ConfigTest, ImpossibleValuesAreRefused) {
   expect_error([&] { read({"--data.train", dir.path("nothing.h5")}); }, ExitCode::kUsage,
                {"data.train", "nothing.h5", "no such file"});
   expect_error([&] { read({"--train.seq_len", "8192"}); }, ExitCode::kUsage, {"train.seq_len", "8192"});
+  expect_error([&] { read({"--train.seq_len", "2", "--model.num_nextn_predict_layers", "2"}); }, ExitCode::kUsage,
+               {"train.seq_len", "model.num_nextn_predict_layers = 2"});
   expect_error([&] { read({"--optim.min_lr", "1", "--optim.lr", "0.1"}); }, ExitCode::kUsage,
                {"optim.min_lr"});
 }
