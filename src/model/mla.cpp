@@ -1,5 +1,7 @@
 #include "dstrain/model/mla.h"
 
+#include <limits>
+
 #include "dstrain/core/torch_compat.h"
 
 namespace dstrain {
@@ -32,13 +34,57 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c)
   o_proj_ = register_module("o_proj", linear(heads_ * v_dim_, c.hidden_size));
 }
 
+MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::project(const torch::Tensor& x,
+                                                                              const RopeTables& rope) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  torch::Tensor q = q_proj_ ? q_proj_(x) : q_b_proj_(q_a_layernorm_(q_a_proj_(x)));
+  q = q.view({batch, seq, heads_, nope_ + rope_dim_}).transpose(1, 2);  // [B, H, S, qk]
+  q = torch::cat({q.narrow(-1, 0, nope_), apply_rope(q.narrow(-1, nope_, rope_dim_), rope)}, -1);
+  torch::Tensor compressed = kv_a_proj_with_mqa_(x);  // [B, S, latent + rope]
+  torch::Tensor latent = kv_a_layernorm_(compressed.narrow(-1, 0, kv_lora_rank_));
+  torch::Tensor k_rope = apply_rope(compressed.narrow(-1, kv_lora_rank_, rope_dim_).unsqueeze(1), rope).squeeze(1);
+  return {q, latent, k_rope};
+}
+
 torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  return attend(x, rope, nullptr, 0);
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const Projected p = project(x, rope);
+  torch::Tensor kv = kv_b_proj_(p.latent).view({batch, seq, heads_, nope_ + v_dim_}).transpose(1, 2);
+  torch::Tensor k_rope = p.k_rope.unsqueeze(1).expand({batch, heads_, seq, rope_dim_});  // shared by the heads
+  torch::Tensor key = torch::cat({kv.narrow(-1, 0, nope_), k_rope}, -1);
+  torch::Tensor value = kv.narrow(-1, nope_, v_dim_).contiguous();
+  torch::Tensor out = compat::causal_attention(p.query, key, value, scale_);  // [B, H, S, v]
+  return o_proj_(out.transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}));
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,
                                                            AttentionCache& cache, int64_t start) {
-  return attend(x, rope, &cache, start);
+  const int64_t batch = x.size(0), seq = x.size(1), keys = start + seq, c = kv_lora_rank_;
+  const Projected p = project(x, rope);
+  const torch::Tensor& query = p.query;
+  // The new positions join the cache; the queries see all of it.
+  cache.latent.narrow(1, start, seq).copy_(p.latent);
+  cache.rope_key.narrow(1, start, seq).copy_(p.k_rope);
+  const torch::Tensor latent = cache.latent.narrow(1, 0, keys), k_rope = cache.rope_key.narrow(1, 0, keys);
+  // kv_b_proj's weight per head: [W_UK (nope rows) | W_UV (v rows)] × kv_lora_rank columns.
+  const torch::Tensor w = kv_b_proj_->weight.view({heads_, nope_ + v_dim_, c});
+  // Every head's query in latent space, [B, H, S, c]: W_UKᵀ q_nope.
+  torch::Tensor q_latent = torch::matmul(query.narrow(-1, 0, nope_), w.narrow(1, 0, nope_));
+  // The keys are shared by the heads: heads × queries become rows of one product with them.
+  const int64_t rows = heads_ * seq;
+  torch::Tensor scores = torch::matmul(q_latent.reshape({batch, rows, c}), latent.transpose(1, 2)) +
+                         torch::matmul(query.narrow(-1, nope_, rope_dim_).reshape({batch, rows, rope_dim_}),
+                                       k_rope.transpose(1, 2));  // [B, H × S, keys]
+  scores = scores.view({batch, heads_, seq, keys}).to(torch::kFloat32) * scale_;
+  // Query i is position start + i: the keys after it are hidden.
+  const torch::Tensor future =
+      torch::ones({seq, keys}, torch::dtype(torch::kBool).device(x.device())).triu(start + 1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1).to(latent.scalar_type());
+  torch::Tensor attended = torch::matmul(probs.view({batch, rows, keys}), latent).view({batch, heads_, seq, c});
+  // W_UV per head, [B, H, S, v].
+  torch::Tensor out = torch::matmul(attended, w.narrow(1, nope_, v_dim_).transpose(1, 2));
+  return o_proj_(out.transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}));
 }
 
 AttentionCache MultiHeadLatentAttentionImpl::empty_cache(int64_t batch, int64_t capacity) const {
@@ -47,32 +93,6 @@ AttentionCache MultiHeadLatentAttentionImpl::empty_cache(int64_t batch, int64_t 
   cache.latent = torch::zeros({batch, capacity, kv_lora_rank_}, options);
   cache.rope_key = torch::zeros({batch, capacity, rope_dim_}, options);
   return cache;
-}
-
-torch::Tensor MultiHeadLatentAttentionImpl::attend(const torch::Tensor& x, const RopeTables& rope,
-                                                   AttentionCache* cache, int64_t start) {
-  const int64_t batch = x.size(0), seq = x.size(1);
-  torch::Tensor q = q_proj_ ? q_proj_(x) : q_b_proj_(q_a_layernorm_(q_a_proj_(x)));
-  q = q.view({batch, seq, heads_, nope_ + rope_dim_}).transpose(1, 2);  // [B, H, S, qk]
-  torch::Tensor compressed = kv_a_proj_with_mqa_(x);                      // [B, S, latent + rope]
-  torch::Tensor latent = kv_a_layernorm_(compressed.narrow(-1, 0, kv_lora_rank_));
-  torch::Tensor k_rope = apply_rope(compressed.narrow(-1, kv_lora_rank_, rope_dim_).unsqueeze(1), rope);  // [B, 1, S, rope]
-  int64_t keys = seq;
-  if (cache) {  // the new positions join the cache; the queries see all of it
-    keys = start + seq;
-    cache->latent.narrow(1, start, seq).copy_(latent);
-    cache->rope_key.narrow(1, start, seq).copy_(k_rope.squeeze(1));
-    latent = cache->latent.narrow(1, 0, keys);
-    k_rope = cache->rope_key.narrow(1, 0, keys).unsqueeze(1);
-  }
-  torch::Tensor kv = kv_b_proj_(latent).view({batch, keys, heads_, nope_ + v_dim_}).transpose(1, 2);
-
-  torch::Tensor q_rope = apply_rope(q.narrow(-1, nope_, rope_dim_), rope);
-  torch::Tensor query = torch::cat({q.narrow(-1, 0, nope_), q_rope}, -1);
-  torch::Tensor key = torch::cat({kv.narrow(-1, 0, nope_), k_rope.expand({batch, heads_, keys, rope_dim_})}, -1);
-  torch::Tensor value = kv.narrow(-1, nope_, v_dim_).contiguous();
-  torch::Tensor out = compat::causal_attention(query, key, value, scale_);  // [B, H, S, v]
-  return o_proj_(out.transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}));
 }
 
 }  // namespace dstrain

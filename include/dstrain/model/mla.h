@@ -7,11 +7,13 @@
 //            k_rope is rotated once and shared by every head (the "decoupled" RoPE key)
 //   softmax scale (qk_nope + qk_rope)^-0.5, times YaRN's mscale² when rope scaling is on
 //   output   o_proj(attention), heads × v_head_dim → hidden
-// In training the latent is expanded (as the reference implementation does); only inference
-// gains from absorbing kv_b_proj into the query and output projections. Cached decoding keeps
-// the normalised latent and the rotated k_rope of each position (kv_lora_rank + qk_rope_head_dim
-// numbers, not heads × (qk_head_dim + v_head_dim)) and expands the cached latents by kv_b_proj
-// when the new positions attend to them.
+// In training the latent is expanded (as the reference implementation does). Cached decoding
+// keeps the normalised latent and the rotated k_rope of each position (kv_lora_rank +
+// qk_rope_head_dim numbers, not heads × (qk_head_dim + v_head_dim)) and never expands it:
+// kv_b_proj is absorbed into the queries and the output (DeepSeek-V2 §2.1.2),
+//   q_nope · (W_UK c) = (W_UKᵀ q_nope) · c      Σ p (W_UV c) = W_UV (Σ p c)
+// so a new token costs heads × (kv_lora_rank + qk_rope_head_dim) per cached position instead
+// of re-expanding every cached latent through kv_b_proj.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -35,8 +37,12 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
 
  private:
-  // The one computation of both: without a cache the keys are x's own.
-  torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
+  // What both computations start from: queries [B, heads, S, qk] (the RoPE part rotated), the
+  // normalised latent [B, S, kv_lora_rank] and the rotated RoPE key [B, S, qk_rope_head_dim].
+  struct Projected {
+    torch::Tensor query, latent, k_rope;
+  };
+  Projected project(const torch::Tensor& x, const RopeTables& rope);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
   torch::nn::Linear q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};
