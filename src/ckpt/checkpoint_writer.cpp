@@ -364,12 +364,18 @@ void write_checkpoint_file(const std::string& path, const std::vector<std::strin
     std::remove(tmp.c_str());
     throw;
   }
-  sync_path(tmp, O_RDONLY);
   std::string why;
+  try {
+    sync_path(tmp, O_RDONLY);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
   if (!files::rename(tmp, path, &why)) {
     std::remove(tmp.c_str());
     throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
   }
+  sync_path(files::parent(path).empty() ? "." : files::parent(path), O_RDONLY | O_DIRECTORY);  // the rename itself
 }
 
 }  // namespace dstrain

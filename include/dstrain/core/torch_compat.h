@@ -12,9 +12,14 @@
 #include <stdexcept>
 #include <vector>
 
+// LibTorch major.minor or later: each fast path below names the release that brought its call,
+// so that a 2.x older than it builds with the 1.13 path instead of failing to compile.
+#define DSTRAIN_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
 namespace dstrain::compat {
 
-constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
+constexpr bool kHasFusedAttention = DSTRAIN_TORCH_AT_LEAST(2, 1);  // scaled_dot_product_attention(scale=)
 
 // Causal attention on [batch, heads, seq, head_dim] tensors with the given softmax scale. The
 // queries are the last q.size(-2) positions of the keys (all of them in training; the new tokens
@@ -25,7 +30,7 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
                                       const torch::Tensor& v, double scale) {
   const int64_t queries = q.size(-2), keys = k.size(-2);
   if (queries > keys) throw std::invalid_argument("causal_attention: more queries than keys");
-#if TORCH_VERSION_MAJOR >= 2
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
   if (queries == keys)
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, scale);
@@ -47,7 +52,7 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
 // RMSNorm, normalising in fp32 whatever the activation dtype (the mean of squares is where bf16
 // loses): LibTorch 2.x has a fused kernel for it; 1.13 computes it op by op.
 inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-#if TORCH_VERSION_MAJOR >= 2
+#if DSTRAIN_TORCH_AT_LEAST(2, 4)
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 #else
   torch::Tensor x32 = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);  // at least fp32
@@ -58,7 +63,7 @@ inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weigh
 
 // dst[i].copy_(src[i]) for every i (converting dtypes): one multi-tensor kernel in LibTorch 2.x.
 inline void copy_all(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src) {
-#if TORCH_VERSION_MAJOR >= 2
+#if DSTRAIN_TORCH_AT_LEAST(2, 2)
   at::_foreach_copy_(dst, src);
 #else
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
@@ -68,7 +73,7 @@ inline void copy_all(const std::vector<torch::Tensor>& dst, const std::vector<to
 // LibTorch 2.x has one fused AdamW kernel for a whole list of CUDA tensors (torch.optim.AdamW's
 // fused=True); without it the optimizer runs its own per-tensor arithmetic.
 inline bool has_fused_adamw(const torch::Device& device) {
-  return TORCH_VERSION_MAJOR >= 2 && device.is_cuda();
+  return DSTRAIN_TORCH_AT_LEAST(2, 1) && device.is_cuda();
 }
 
 // One AdamW update (decoupled weight decay) of every tensor of `params` from `grads`, as
@@ -78,7 +83,7 @@ inline void fused_adamw(const std::vector<torch::Tensor>& params, const std::vec
                         const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
                         const std::vector<torch::Tensor>& steps, double lr, double beta1, double beta2,
                         double weight_decay, double eps, const torch::Tensor& found_inf) {
-#if TORCH_VERSION_MAJOR >= 2
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
 #else
