@@ -22,7 +22,7 @@ submit_and_wait() {
   while [[ $1 != -- ]]; do sbatch_args+=("$1"); shift; done
   shift
   job=$(sbatch --parsable --output="$dir/%j.out" "${sbatch_args[@]}" jobs/cpu_smoke.sh "$@") || fail "sbatch refused the job"
-  for _ in $(seq 1 400); do
+  for _ in $(seq 1 800); do  # time_limit requeues its job every 10 to 40 s, several times
     [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break
     sleep 1
   done
@@ -63,14 +63,17 @@ case $test in
     [[ $(digest "$dir/run") == $(digest "$dir/reference") ]] || fail "final parameters differ from the uninterrupted run"
     ;;
   time_limit)
-    # One minute per run, the warning 50 s before its end: checkpoint, requeue, finish.
+    # One minute per run, the warning 50 s before its end: checkpoint, requeue, finish. slurmctld
+    # looks at time limits every 30 s, so the warning comes 10 to 40 s into a run: the steps are
+    # enough for more than a minute of training (about 60 s on 2 cores), which no run can finish
+    # before it is warned.
     job=$(DSTRAIN_SIGNAL_LEAD=50 RUN_DIR=$dir/run submit_and_wait --time=1 --signal=B:USR1@50 -- "${data[@]}" \
-          --train.steps 1400 --log.interval 200 --ckpt.interval 100 --train.eval_interval 0)
+          --train.steps 3500 --log.interval 500 --ckpt.interval 250 --train.eval_interval 0)
     [[ $(job_field "$job" JobState) == COMPLETED ]] || fail "job $job ended $(job_field "$job" JobState)"
     grep -q "stopped by SIGUSR1 after step" "$dir/$job.out" || fail "no checkpoint on the time-limit signal"
     grep -q "checkpointed on a signal; requeueing" "$dir/$job.out" || fail "not requeued after the signal"
     [[ $(job_field "$job" Restarts) -ge 1 ]] || fail "job $job was not requeued"
-    [[ $(cat "$dir/run/checkpoints/latest") == step_00001400.h5 ]] || fail "the run did not finish all 1400 steps"
+    [[ $(cat "$dir/run/checkpoints/latest") == step_00003500.h5 ]] || fail "the run did not finish all 3500 steps"
     ;;
   interactive)
     # debug_interactive.sh inside an allocation: srun with every rank's log, labelled.
