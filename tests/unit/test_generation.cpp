@@ -97,6 +97,18 @@ std::vector<int64_t> greedy_without_cache(CausalLM& model, std::vector<int64_t> 
   return out;
 }
 
+// Greedy decoding with the cache gives the tokens of decoding without it, and the same tokens twice.
+void expect_greedy_matches_decoding_without_cache(CausalLM model) {
+  CachedDecoder decoder(model);
+  const std::vector<int64_t> prompt = {3, 14, 15, 9, 26};
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 12;
+  const std::vector<int64_t> tokens = generate(decoder, prompt, greedy);
+  EXPECT_EQ(tokens, greedy_without_cache(model, prompt, 12));
+  EXPECT_EQ(tokens, generate(decoder, prompt, greedy));
+}
+
 }  // namespace
 
 TEST(Generation, CachedLogitsEqualTheFullForwardPass) {
@@ -124,15 +136,7 @@ TEST(Generation, CachedLogitsEqualTheFullForwardPass) {
 }
 
 TEST(Generation, GreedyMatchesDecodingWithoutCacheAndIsDeterministic) {
-  CausalLM model = random_model(false, 2);
-  CachedDecoder decoder(model);
-  const std::vector<int64_t> prompt = {3, 14, 15, 9, 26};
-  SamplingOptions greedy;
-  greedy.temperature = 0;
-  greedy.max_new_tokens = 12;
-  const std::vector<int64_t> tokens = generate(decoder, prompt, greedy);
-  EXPECT_EQ(tokens, greedy_without_cache(model, prompt, 12));
-  EXPECT_EQ(tokens, generate(decoder, prompt, greedy));
+  expect_greedy_matches_decoding_without_cache(random_model(false, 2));
 }
 
 TEST(Generation, StopsAtTheStopTokenAndAtMaxSeqLen) {
@@ -227,19 +231,9 @@ TEST(Generation, LatentAttentionAndMoECachedLogitsEqualTheFullForwardPass) {
 }
 
 TEST(Generation, LatentAttentionAndMoEGreedyMatchesDecodingWithoutCache) {
-  CausalLM model = latent_moe_model(24);
-  CachedDecoder decoder(model);
-  const std::vector<int64_t> prompt = {3, 14, 15, 9, 26};
-  SamplingOptions greedy;
-  greedy.temperature = 0;
-  greedy.max_new_tokens = 12;
-  const std::vector<int64_t> tokens = generate(decoder, prompt, greedy);
-  EXPECT_EQ(tokens, greedy_without_cache(model, prompt, 12));
-  EXPECT_EQ(tokens, generate(decoder, prompt, greedy));
+  expect_greedy_matches_decoding_without_cache(latent_moe_model(24));
 }
 
-// Modules past the main model's layers (multi-token prediction's, named model.layers.<i> with
-// i >= num_layers) are no part of decoding: poisoned, they change nothing.
 // A model with a multi-token prediction module decodes with its main layers only: the module's
 // weights (NaN here) change nothing, and the cache has no room for it.
 TEST(Generation, MultiTokenPredictionModulesTakeNoPart) {
