@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dstrain/core/random.h"
+#include "dstrain/model/linear_cross_entropy.h"
 
 namespace dstrain {
 namespace {
@@ -128,7 +129,7 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   auto [hidden, embeddings] = hidden_and_embeddings(input);
   const int64_t seq = hidden.size(1);
   LanguageModelLosses losses;
-  losses.next_token = lm_loss(lm_head_(hidden), tokens.narrow(1, 1, seq));
+  losses.next_token = linear_cross_entropy(hidden, lm_head_->weight, tokens.narrow(1, 1, seq));
   const int64_t depths = config_.num_nextn_predict_layers;
   if (!with_mtp || depths == 0) return losses;
   if (seq <= depths)
@@ -140,7 +141,8 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   for (int64_t k = 1; k <= depths; ++k) {
     const int64_t n = seq - k;
     hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
-    torch::Tensor loss = lm_loss(lm_head_(model_->mtp_head_input(k, hidden)), tokens.narrow(1, k + 1, n));
+    torch::Tensor loss =
+        linear_cross_entropy(model_->mtp_head_input(k, hidden), lm_head_->weight, tokens.narrow(1, k + 1, n));
     sum = sum.defined() ? sum + loss : loss;
   }
   losses.mtp = sum / static_cast<double>(depths);
@@ -150,13 +152,6 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
 torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
   torch::Tensor h = model_->forward_cached(input, cache);
   return slice_.has_head ? lm_head_(h) : h;
-}
-
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  // log-softmax in fp32 from bf16/fp16 logits in one kernel (and its backward back to the
-  // logits' dtype in one): no fp32 copy of the [tokens, vocabulary] logits is made.
-  torch::Tensor log_probs = torch::log_softmax(logits.reshape({-1, logits.size(-1)}), -1, torch::kFloat32);
-  return torch::nll_loss(log_probs, targets.reshape({-1}));
 }
 
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/transformer.h"
 
 using namespace dstrain;
@@ -144,14 +145,95 @@ TEST(Model, InitialisationDependsOnlyOnSeedAndName) {
   EXPECT_FALSE(torch::equal(sorted_parameters(*other_seed)[0].second, sorted_parameters(*whole)[0].second));
 }
 
-TEST(Model, LossIsTheMeanNextTokenCrossEntropy) {
-  torch::Tensor logits = torch::randn({2, 3, 5});
+TEST(Model, LossIsTheMeanNextTokenCrossEntropyOfTheHeadsLogits) {
+  torch::manual_seed(3);
+  torch::Tensor hidden = torch::randn({2, 3, 4});
+  torch::Tensor weight = torch::randn({5, 4});
   torch::Tensor targets = torch::tensor({{1, 4, 0}, {2, 2, 3}}, torch::kInt64);
   double expected = 0;
   for (int b = 0; b < 2; ++b)
     for (int s = 0; s < 3; ++s) {
-      torch::Tensor row = logits[b][s];
-      expected += (row.exp().sum().log() - row[targets[b][s].item<int64_t>()]).item<double>();
+      double logits[5], sum = 0;
+      for (int v = 0; v < 5; ++v) {
+        logits[v] = 0;
+        for (int h = 0; h < 4; ++h) logits[v] += hidden[b][s][h].item<double>() * weight[v][h].item<double>();
+        sum += std::exp(logits[v]);
+      }
+      expected += std::log(sum) - logits[targets[b][s].item<int64_t>()];
     }
-  EXPECT_NEAR(lm_loss(logits, targets).item<double>(), expected / 6, 1e-5);
+  for (int64_t chunk_rows : {0, 1, 4}) {
+    EXPECT_NEAR(linear_cross_entropy(hidden, weight, targets, chunk_rows).item<double>(), expected / 6, 1e-5);
+    torch::NoGradGuard evaluation;
+    EXPECT_NEAR(linear_cross_entropy(hidden, weight, targets, chunk_rows).item<double>(), expected / 6, 1e-5);
+  }
+}
+
+// The loss and gradients of log_softmax + nll_loss over the materialised logits, in fp64 unless
+// told otherwise.
+struct ReferenceLoss {
+  torch::Tensor loss, grad_hidden, grad_weight;
+};
+ReferenceLoss reference_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                             double upstream, torch::ScalarType dtype = torch::kFloat64) {
+  torch::Tensor h = hidden.detach().to(dtype).requires_grad_();
+  torch::Tensor w = weight.detach().to(dtype).requires_grad_();
+  torch::Tensor logits = torch::matmul(h, w.t());
+  torch::Tensor loss = torch::nll_loss(torch::log_softmax(logits.reshape({-1, w.size(0)}), -1), targets.reshape({-1}));
+  (loss * upstream).backward();
+  return {loss.detach().to(torch::kFloat64), h.grad().to(torch::kFloat64), w.grad().to(torch::kFloat64)};
+}
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return ((got.to(torch::kFloat64) - want).norm() / want.norm()).item<double>();
+}
+
+TEST(Model, FusedHeadLossGradientsEqualThoseOfTheMaterialisedLogits) {
+  torch::manual_seed(5);
+  torch::Tensor targets = torch::randint(0, 37, {3, 5}, torch::kInt64);
+  torch::Tensor weight = torch::randn({37, 8});
+  torch::Tensor hidden = torch::randn({3, 5, 8});
+  // A confident row (softmax near one at the target): a probability rounded before subtracting
+  // one would lose its target's gradient.
+  // The target's weight row grows along the hidden vector until p passes 0.999.
+  const int64_t confident = targets[0][0].item<int64_t>();
+  const torch::Tensor direction = hidden[0][0] / hidden[0][0].norm();
+  double p = 0;
+  for (double length = 1; p < 0.999; length *= 1.05) {
+    weight[confident].copy_(direction * length);
+    p = torch::softmax(torch::matmul(hidden[0][0], weight.t()).to(torch::kFloat64), -1)[confident].item<double>();
+  }
+  ASSERT_LT(p, 0.9999);
+  const double upstream = 2.5;  // as a loss scale or a micro-batch divisor multiplies it
+  ReferenceLoss expected = reference_loss(hidden, weight, targets, upstream);
+  ReferenceLoss materialised = reference_loss(hidden, weight, targets, upstream, torch::kFloat32);
+
+  for (int64_t chunk_rows : {0, 1, 4, 15}) {
+    torch::Tensor h = hidden.clone().requires_grad_(), w = weight.clone().requires_grad_();
+    torch::Tensor loss = linear_cross_entropy(h, w, targets, chunk_rows);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
+    (loss * upstream).backward();
+    EXPECT_NEAR(loss.item<double>(), expected.loss.item<double>(), 1e-6) << chunk_rows;
+    EXPECT_LT(relative_error(h.grad(), expected.grad_hidden), 1e-6) << chunk_rows;
+    EXPECT_LT(relative_error(w.grad(), expected.grad_weight), 1e-6) << chunk_rows;
+    // The confident row's gradient, where p - 1 cancels: as close as fp32 log_softmax + nll_loss.
+    EXPECT_LE(relative_error(h.grad()[0][0], expected.grad_hidden[0][0]),
+              2 * relative_error(materialised.grad_hidden[0][0], expected.grad_hidden[0][0]))
+        << chunk_rows;
+  }
+
+  // bf16 hidden and weight: an fp32 loss and bf16 gradients within bf16's rounding of the fp64
+  // ones computed from the same bf16 values.
+  torch::Tensor h16 = hidden.to(torch::kBFloat16).requires_grad_();
+  torch::Tensor w16 = weight.to(torch::kBFloat16).requires_grad_();
+  ReferenceLoss rounded = reference_loss(h16, w16, targets, upstream);
+  torch::Tensor loss16 = linear_cross_entropy(h16, w16, targets, 4);
+  EXPECT_EQ(loss16.scalar_type(), torch::kFloat32);
+  (loss16 * upstream).backward();
+  EXPECT_EQ(h16.grad().scalar_type(), torch::kBFloat16);
+  // The logits themselves are rounded to bf16 before the softmax: about 2^-8 of a logit.
+  EXPECT_NEAR(loss16.item<double>(), rounded.loss.item<double>(), 0.05);
+  EXPECT_LT(relative_error(h16.grad(), rounded.grad_hidden), 0.02);
+  EXPECT_LT(relative_error(w16.grad(), rounded.grad_weight), 0.02);
+  // The confident row: p rounded to bf16 (1.0) before subtracting one would lose it (error ~1).
+  EXPECT_LT(relative_error(h16.grad()[0][0], rounded.grad_hidden[0][0]), 0.05);
 }

@@ -106,9 +106,6 @@ class CausalLMImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalLM);
 
-// Mean next-token cross-entropy of logits [B, S, V] against targets [B, S].
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
-
 // Initialises every parameter from (seed, its global name) alone, so a parameter starts with the
 // same values whichever rank holds it and however the model is sliced: norms at one, the rest
 // normal(0, init_std), output projections (o_proj, down_proj) with std / sqrt(2 num_layers), the

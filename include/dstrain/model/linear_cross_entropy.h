@@ -1,0 +1,31 @@
+// The language-model loss: the mean cross-entropy of the LM head's logits (hidden @ weightᵀ)
+// against the target tokens, computed without keeping what the usual log_softmax + nll_loss
+// graph keeps.
+//
+// The logits are [tokens, vocabulary] (16k × 102k at a micro-batch of 8 × 2048: 3.4 GB in bf16),
+// and that graph stores an fp32 log-softmax of them for the backward pass, then makes an fp32
+// gradient of the same size and a third pass to bring it back to the logits' dtype: about 34 GB
+// of memory traffic and 13 GB of memory per micro-batch. Here the log-softmax is taken in row
+// chunks (fp32, one chunk alive at a time); each chunk gives its losses, and its softmax minus
+// the one-hot targets, the logits' gradient up to a scalar, is written over the logits as soon
+// as it is known. The backward pass applies the scalar (the incoming gradient over the token
+// count) to the two [tokens, hidden] and [vocabulary, hidden] products instead of to the logits:
+// about 20 GB of traffic and one logits-sized tensor of memory.
+//
+// The loss and the softmax are computed in fp32 whatever the dtype of hidden and weight; the
+// gradient of the target logit, softmax − 1, is taken from the fp32 log-probability, so it loses
+// nothing to the rounding of a probability near one.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+namespace dstrain {
+
+// hidden [..., H] and weight [V, H] of one dtype; targets [...] (int64) with hidden's leading
+// shape. Returns the mean over the targets as a 0-dim fp32 tensor, differentiable (first order)
+// with respect to hidden and weight. `chunk_rows`: rows per log-softmax chunk; 0 takes as many
+// as fit in 256 MB of fp32.
+torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& targets, int64_t chunk_rows = 0);
+
+}  // namespace dstrain

@@ -1,0 +1,82 @@
+#include "dstrain/model/linear_cross_entropy.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace dstrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows of logits whose fp32 log-softmax is alive at once: 256 MB.
+constexpr int64_t kChunkElements = int64_t{1} << 26;
+
+// The loss of each row of `logits` [N, V] (fp32 [N]). With `gradient`, each row of logits is
+// overwritten with its softmax minus the one-hot target: the loss's gradient, up to a scalar.
+torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, int64_t chunk, bool gradient) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (chunk <= 0) chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(vocab, 1));
+  torch::Tensor losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+  for (int64_t start = 0; start < rows; start += chunk) {
+    const int64_t n = std::min(chunk, rows - start);
+    torch::Tensor part = logits.narrow(0, start, n);
+    torch::Tensor index = targets.narrow(0, start, n).unsqueeze(1);
+    torch::Tensor log_probs = torch::log_softmax(part, -1, torch::kFloat32);
+    torch::Tensor target_log_probs = log_probs.gather(1, index);  // [n, 1]
+    torch::Tensor part_losses = losses.narrow(0, start, n);
+    torch::neg_out(part_losses, target_log_probs.squeeze(1));
+    if (!gradient) continue;
+    torch::exp_out(part, log_probs);  // one pass: fp32 in, the logits' dtype out
+    // softmax − 1 at the target, from the fp32 log-probability (exp(lp) − 1 = expm1(lp)).
+    part.scatter_(1, index, torch::expm1(target_log_probs).to(part.scalar_type()));
+  }
+  return losses;
+}
+
+// t × scale, a new tensor of t's dtype. A 16-bit tensor is scaled in fp32: times a 0-dim fp32
+// tensor directly it would round the scale to 16 bits first, a bias shared by every element.
+torch::Tensor scaled(const torch::Tensor& t, const torch::Tensor& scale) {
+  const torch::ScalarType dtype = t.scalar_type();
+  if (dtype != torch::kBFloat16 && dtype != torch::kHalf) return t * scale;
+  return t.to(torch::kFloat32).mul_(scale).to(dtype);
+}
+
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
+                               const torch::Tensor& targets, int64_t chunk_rows) {
+    torch::Tensor rows = hidden.reshape({-1, hidden.size(-1)});
+    torch::Tensor logits = torch::mm(rows, weight.t());
+    torch::Tensor losses = row_losses(logits, targets.reshape({-1}), chunk_rows, /*gradient=*/true);
+    ctx->save_for_backward({rows, weight, /*the logits' gradient, unscaled*/ logits});
+    ctx->saved_data["hidden_shape"] = hidden.sizes().vec();
+    return losses.mean();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &rows = saved[0], &weight = saved[1], &logit_grad = saved[2];
+    // d mean / d logits = (softmax − onehot) / N, times the incoming gradient.
+    const torch::Tensor scale = grad_outputs[0].to(torch::kFloat32) / static_cast<double>(rows.size(0));
+    torch::Tensor grad_hidden, grad_weight;
+    if (ctx->needs_input_grad(0))
+      grad_hidden = scaled(torch::mm(logit_grad, weight), scale).view(ctx->saved_data["hidden_shape"].toIntVector());
+    if (ctx->needs_input_grad(1)) grad_weight = torch::mm(logit_grad.t(), scaled(rows, scale));
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& targets, int64_t chunk_rows) {
+  if (torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad()))
+    return LinearCrossEntropy::apply(hidden, weight, targets, chunk_rows);
+  // Evaluation: the losses alone, no gradient written.
+  torch::Tensor logits = torch::mm(hidden.reshape({-1, hidden.size(-1)}), weight.t());
+  return row_losses(logits, targets.reshape({-1}), chunk_rows, /*gradient=*/false).mean();
+}
+
+}  // namespace dstrain
