@@ -53,14 +53,15 @@ void AdamW::load_masters() {
     if (!s.master.is_same(s.param)) s.param.copy_(s.master);
 }
 
-void AdamW::step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf) {
+void AdamW::step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf,
+                 const torch::Tensor& grad_divisor) {
   torch::NoGradGuard no_grad;
   if (fused_) {
-    fused_step(lr, grads, found_inf);
+    fused_step(lr, grads, found_inf, grad_divisor);
   } else {
-    // Reading the flag costs nothing on the CPU, where this path runs.
+    // Reading the flag and the divisor costs nothing on the CPU, where this path runs.
     if (found_inf.item<float>() != 0.0f) return;
-    explicit_step(lr, grads);
+    explicit_step(lr, grads, grad_divisor.defined() ? grad_divisor.item<double>() : 1.0);
   }
   std::vector<torch::Tensor> rounded, masters;  // bf16/fp16 parameters and their fp32 masters
   for (State& s : states_) {
@@ -71,7 +72,7 @@ void AdamW::step(double lr, const std::vector<torch::Tensor>& grads, const torch
   if (!rounded.empty()) compat::copy_all(rounded, masters);
 }
 
-void AdamW::explicit_step(double lr, const std::vector<torch::Tensor>& grads) {
+void AdamW::explicit_step(double lr, const std::vector<torch::Tensor>& grads, double grad_divisor) {
   ++step_count_;
   const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_count_));
   const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_count_));
@@ -79,14 +80,16 @@ void AdamW::explicit_step(double lr, const std::vector<torch::Tensor>& grads) {
     State& s = states_[i];
     const torch::Tensor& grad = grads[i];
     if (s.decay && options_.weight_decay > 0) s.master.mul_(1.0 - lr * options_.weight_decay);
-    s.exp_avg.mul_(options_.beta1).add_(grad, 1.0 - options_.beta1);
-    s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
+    // The divisor goes into the moments' coefficients: no divided copy of the gradient.
+    s.exp_avg.mul_(options_.beta1).add_(grad, (1.0 - options_.beta1) / grad_divisor);
+    s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, (1.0 - options_.beta2) / (grad_divisor * grad_divisor));
     torch::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(options_.eps);
     s.master.addcdiv_(s.exp_avg, denom, -lr / bias1);
   }
 }
 
-void AdamW::fused_step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf) {
+void AdamW::fused_step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf,
+                       const torch::Tensor& grad_divisor) {
   // The step number advances only for an update that happens (the kernel skips on found_inf).
   step_.add_(1.0 - found_inf);
   // Two calls: with and without weight decay. The kernel reads one step tensor per parameter;
@@ -103,7 +106,7 @@ void AdamW::fused_step(double lr, const std::vector<torch::Tensor>& grads, const
     if (masters.empty()) continue;
     std::vector<torch::Tensor> steps(masters.size(), step_);
     compat::fused_adamw(masters, group_grads, exp_avgs, exp_avg_sqs, steps, lr, options_.beta1, options_.beta2,
-                        decay ? options_.weight_decay : 0.0, options_.eps, found_inf);
+                        decay ? options_.weight_decay : 0.0, options_.eps, grad_divisor, found_inf);
   }
 }
 

@@ -21,10 +21,10 @@ torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group
   return squares.sqrt().reshape({});
 }
 
-void clip_gradients(GradientBuffer& buffer, const torch::Tensor& norm, double max_norm) {
-  if (max_norm <= 0) return;
+torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm) {
   torch::NoGradGuard no_grad;
-  buffer.flat().mul_((max_norm / (norm + 1e-6)).clamp_max(1.0));
+  if (max_norm <= 0) return torch::ones_like(norm);
+  return ((norm + 1e-6) / max_norm).clamp_min(1.0);
 }
 
 }  // namespace dstrain

@@ -317,14 +317,16 @@ StepTensors Trainer::train_step(int64_t step) {
     loss_scale = torch::full({}, std::numeric_limits<float>::quiet_NaN(), torch::dtype(torch::kFloat32).device(placement_.device));
   torch::Tensor loss_sum = executor_->train_step(batch, static_cast<double>(config_.loop.grad_accum), loss_scale);
   grads_->reduce();
-  if (loss_scaler_) grads_->flat().div_(loss_scaler_->scale());
   torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
   // A step whose gradient norm is not finite changes nothing (the optimizer skips it on the
   // device); the next log line reports it, and stops the run unless fp16 overflow explains it.
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
   nonfinite_steps_ += found_inf;
-  clip_gradients(*grads_, norm, config_.optim.grad_clip);
-  optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf);
+  // fp16: the gradients still carry the loss scale; the optimizer divides it out with clipping's.
+  if (loss_scaler_) norm = norm / loss_scaler_->scale();
+  torch::Tensor divisor = clip_divisor(norm, config_.optim.grad_clip);
+  if (loss_scaler_) divisor = divisor * loss_scaler_->scale();
+  optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf, divisor);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
   if (!moe_layers_.empty()) balance_experts();

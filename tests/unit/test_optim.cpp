@@ -15,7 +15,8 @@ torch::Tensor no_inf() { return torch::zeros({}); }
 
 }  // namespace
 
-// AdamW on every element against the update written out in scalar arithmetic.
+// AdamW on every element against the update written out in scalar arithmetic, with a gradient
+// divisor (clipping's) on some steps.
 TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
   torch::Tensor matrix = torch::randn({3, 4}, torch::kFloat64).to(torch::kFloat32);
   torch::Tensor norm = torch::randn({4}, torch::kFloat64).to(torch::kFloat32);
@@ -28,11 +29,15 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
   for (int t = 1; t <= 5; ++t) {
     const double lr = 0.01 * t;
     torch::Tensor gm = torch::randn({3, 4}), gn = torch::randn({4});
-    adam.step(lr, {gm, gn}, no_inf());
+    const double divisor = t % 2 == 0 ? 3.5 : 1.0;
+    if (t == 1)
+      adam.step(lr, {gm, gn}, no_inf());
+    else
+      adam.step(lr, {gm, gn}, no_inf(), torch::full({}, divisor));
     for (int i = 0; i < 16; ++i) {
       bool is_matrix = i < 12;
       double& x = is_matrix ? p[i] : q[i - 12];
-      double g = is_matrix ? gm.data_ptr<float>()[i] : gn.data_ptr<float>()[i - 12];
+      double g = (is_matrix ? gm.data_ptr<float>()[i] : gn.data_ptr<float>()[i - 12]) / divisor;
       if (is_matrix) x *= 1 - lr * o.weight_decay;  // no decay for the 1-D norm weight
       m[i] = o.beta1 * m[i] + (1 - o.beta1) * g;
       v[i] = o.beta2 * v[i] + (1 - o.beta2) * g * g;
@@ -146,11 +151,13 @@ TEST(Gradients, GlobalNormAndClipping) {
   torch::Tensor norm = global_grad_norm(buffer, nullptr);
   EXPECT_EQ(norm.dim(), 0);
   EXPECT_FLOAT_EQ(norm.item<float>(), 5.0f);
-  clip_gradients(buffer, norm, 10.0);  // under the limit: unchanged
-  EXPECT_FLOAT_EQ(b.grad().item<float>(), 4.0f);
-  clip_gradients(buffer, norm, 1.0);
-  EXPECT_NEAR(global_grad_norm(buffer, nullptr).item<float>(), 1.0, 1e-5);
-  EXPECT_NEAR(a.grad()[0].item<float>(), 0.6, 1e-5);
+  EXPECT_EQ(clip_divisor(norm, 10.0).item<float>(), 1.0f);  // under the limit: unchanged
+  EXPECT_EQ(clip_divisor(norm, 0.0).item<float>(), 1.0f);   // no clipping
+  // Over it: the divided gradients have norm max_norm, as clip_grad_norm_ leaves them.
+  torch::Tensor divisor = clip_divisor(norm, 1.0);
+  EXPECT_EQ(divisor.dim(), 0);
+  EXPECT_NEAR((buffer.flat() / divisor).norm().item<float>(), 1.0, 1e-5);
+  EXPECT_NEAR((a.grad()[0] / divisor).item<float>(), 0.6, 1e-5);
 }
 
 // An injected overflow: the step is counted as skipped and the scale backs off; clean steps

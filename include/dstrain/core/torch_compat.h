@@ -77,18 +77,24 @@ inline bool has_fused_adamw(const torch::Device& device) {
 }
 
 // One AdamW update (decoupled weight decay) of every tensor of `params` from `grads`, as
-// torch.optim.AdamW computes it; `step` holds the (already incremented) step number and is read
-// only; nothing changes when `found_inf` (0-dim, on the device) is non-zero.
+// torch.optim.AdamW computes it, from the gradients divided by `grad_divisor` (0-dim, or undefined
+// for one; the kernel stores the divided gradients back); `step` holds the (already incremented)
+// step number and is read only; nothing changes when `found_inf` (0-dim, on the device) is non-zero.
 inline void fused_adamw(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                         const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
                         const std::vector<torch::Tensor>& steps, double lr, double beta1, double beta2,
-                        double weight_decay, double eps, const torch::Tensor& found_inf) {
+                        double weight_decay, double eps, const torch::Tensor& grad_divisor,
+                        const torch::Tensor& found_inf) {
 #if DSTRAIN_TORCH_AT_LEAST(2, 1)
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
+  if (grad_divisor.defined())
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/grad_divisor, found_inf);
+  else
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/{}, found_inf);
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1;
-  (void)beta2, (void)weight_decay, (void)eps, (void)found_inf;
+  (void)beta2, (void)weight_decay, (void)eps, (void)grad_divisor, (void)found_inf;
   throw std::logic_error("fused AdamW needs LibTorch 2.x");
 #endif
 }

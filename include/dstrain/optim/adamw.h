@@ -26,10 +26,13 @@ class AdamW {
   // The parts of the parameters this rank updates (their `grad` is not used here).
   AdamW(const std::vector<ParameterShard>& shards, const AdamWOptions& options);
 
-  // One update with learning rate `lr` from `grads` (fp32, one per parameter or shard in the
-  // order given to the constructor). When `found_inf` (0-dim on the parameters' device) is non-zero
-  // nothing changes: no update, no moment, no step count.
-  void step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
+  // One update with learning rate `lr` from the gradients `grads` / `grad_divisor` (fp32, one per
+  // parameter or shard in the order given to the constructor; the divisor 0-dim, undefined for
+  // one). When `found_inf` (0-dim on the parameters' device) is non-zero nothing changes: no
+  // update, no moment, no step count. The fused kernel leaves `grads` divided, the other path
+  // leaves them as they were.
+  void step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf,
+            const torch::Tensor& grad_divisor = {});
   // Updates applied so far (skipped steps not counted).
   int64_t step_count() const;
   // A resumed run: the count a checkpoint recorded (its moments and masters are copied into
@@ -50,8 +53,9 @@ class AdamW {
   int64_t state_bytes() const;
 
  private:
-  void explicit_step(double lr, const std::vector<torch::Tensor>& grads);
-  void fused_step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf);
+  void explicit_step(double lr, const std::vector<torch::Tensor>& grads, double grad_divisor);
+  void fused_step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf,
+                  const torch::Tensor& grad_divisor);
 
   AdamWOptions options_;
   std::vector<State> states_;

@@ -1,6 +1,7 @@
 // What happens to gradients between their average over the data-parallel group (the gradient
 // buffer's) and the optimizer: the global norm and clipping. Everything stays on the device: the
-// norm is a tensor that the host reads only when it logs.
+// norm is a tensor that the host reads only when it logs. Clipping (and fp16's unscaling) is a
+// divisor that the optimizer applies as it reads each gradient, not a pass of its own over them.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -15,9 +16,9 @@ namespace dstrain {
 // sharded buffer (ZeRO-1) adds those of the other shards from its own group.
 torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group);
 
-// Scales the gradients so that their global norm is at most `max_norm`, as
-// torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), capped at 1);
-// no-op when max_norm is 0.
-void clip_gradients(GradientBuffer& buffer, const torch::Tensor& norm, double max_norm);
+// What to divide gradients of global norm `norm` by so that theirs is at most `max_norm`, as
+// torch.nn.utils.clip_grad_norm_ scales them (coefficient max_norm / (norm + 1e-6), capped at 1):
+// the inverse of that coefficient, 0-dim; one when max_norm is 0.
+torch::Tensor clip_divisor(const torch::Tensor& norm, double max_norm);
 
 }  // namespace dstrain
