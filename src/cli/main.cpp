@@ -200,11 +200,9 @@ int main(int argc, char** argv) {
     if (command == "data") return data_command(rest);
     throw Error(ExitCode::kUsage,
                 "unknown command '" + command + "' (commands: train, prep, data, bench, pipeline, ckpt, model, eval, generate, plot; see dstrain --help)");
-  } catch (const Error& e) {
-    if (e.what()[0] != '\0') log::error(e.what());  // empty: another rank has reported it
-    return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    log::error("internal error: ", e.what());
-    return static_cast<int>(ExitCode::kInternal);
+    const Error error = as_error(e);
+    if (error.what()[0] != '\0') log::error(error.what());  // empty: another rank has reported it
+    return static_cast<int>(error.code());
   }
 }

@@ -724,11 +724,10 @@ TrainResult run_training(Options options) {
   try {
     return trainer->run();
   } catch (const std::exception& e) {
-    const Error* error = dynamic_cast<const Error*>(&e);
-    ExitCode code = error ? error->code() : ExitCode::kInternal;
-    if (world_size == 1) throw Error(code, e.what());
-    log::error(e.what());
-    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(code));
+    const Error error = as_error(e);
+    if (world_size == 1) throw error;
+    log::error(error.what());
+    MPI_Abort(MPI_COMM_WORLD, static_cast<int>(error.code()));
     throw;
   }
 }

@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "dstrain/core/files.h"
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;
@@ -127,4 +128,26 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
   RunOutput usage = run_dstrain(0, {"trian"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_NE(usage.output.find("unknown command 'trian'"), std::string::npos) << usage.output;
+}
+
+// A model that cannot be allocated is the configuration's fault, not a bug: exit code 7, one
+// message that says what to lower, and the run's earlier checkpoints untouched.
+TEST(Training, AModelTooLargeForMemoryExitsWithCode7) {
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = 0;
+  if (overcommit >> mode && mode == 1)
+    GTEST_SKIP() << "vm.overcommit_memory = 1: the kernel grants any allocation and kills the process later";
+  std::string dir = scratch_dir("out-of-memory");
+  ASSERT_EQ(train(2, dir, {"--train.steps", "4", "--ckpt.interval", "4"}).exit_code, 0);
+  const std::vector<std::string> before = dstrain::files::directory_entries(dir + "/checkpoints");
+  ASSERT_FALSE(before.empty());
+  // A 2^31-token vocabulary: a 256 GiB embedding table, more than any test machine has.
+  RunOutput run = train(2, dir, {"--train.steps", "8", "--ckpt.resume", "none", "--model.vocab_size", "2147483647"});
+  EXPECT_EQ(run.exit_code, 7) << run.output;
+  EXPECT_NE(run.output.find("out of memory"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("train.micro_batch"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("internal error"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("] error:"), run.output.rfind("] error:")) << run.output;
+  EXPECT_EQ(run.output.find("frame #"), std::string::npos) << run.output;  // no C++ backtrace
+  EXPECT_EQ(dstrain::files::directory_entries(dir + "/checkpoints"), before);
 }

@@ -15,6 +15,7 @@ enum class ExitCode : int {
   kCheckpoint = 4,     // unreadable, corrupt or incompatible checkpoint
   kCommunication = 5,  // MPI/NCCL failure or timeout
   kNumerical = 6,      // training stopped on a non-finite loss or gradient
+  kOutOfMemory = 7,    // the configuration does not fit in host or device memory
   kRequeue = 75,       // checkpointed on a signal: resubmit me (EX_TEMPFAIL)
 };
 
@@ -34,5 +35,10 @@ class Error : public std::runtime_error {
 Error config_error(const std::string& key, const std::string& value, const std::string& expected);
 Error data_error(const std::string& message);
 Error comm_error(const std::string& message);
+
+// Any exception as the Error it amounts to: an Error itself; a failed host or device allocation
+// an out-of-memory error that says how to need less; anything else an internal error. LibTorch's
+// messages lose their C++ backtrace.
+Error as_error(const std::exception& e);
 
 }  // namespace dstrain

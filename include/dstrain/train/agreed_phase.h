@@ -18,10 +18,8 @@ void agreed_phase(int world_rank, Phase&& phase) {
   std::optional<Error> failure;
   try {
     phase();
-  } catch (const Error& e) {
-    failure = e;
   } catch (const std::exception& e) {
-    failure = Error(ExitCode::kInternal, e.what());
+    failure = as_error(e);
   }
   const FailureAgreement agreement =
       agree_on_failure(failure ? static_cast<int>(failure->code()) : 0, failure && failure->what()[0] != '\0');
