@@ -33,6 +33,14 @@ stage "bench step micro_batch 8" "$build/dstrain" bench step --config input/deep
   --train.micro_batch 8 --train.grad_accum 1 --bench.json "$results/step_mb8.json"
 stage "pytorch eager micro_batch 8" python3 bench/pytorch_reference.py --config input/deepseek-llm-1b.ini \
   --micro-batch 8 --grad-accum 1 --json "$results/eager_mb8.json"
+# A step as each GPU of an 8-GPU data-parallel job with a 1M-token global batch takes it: the
+# optimizer's passes over the parameters are shared by 8 micro-batches.
+stage "bench step 8 x 8" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
+  --train.micro_batch 8 --train.grad_accum 8 --bench.json "$results/step_mb8_ga8.json"
+stage "pytorch eager 8 x 8" python3 bench/pytorch_reference.py --config input/deepseek-llm-1b.ini \
+  --micro-batch 8 --grad-accum 8 --json "$results/eager_mb8_ga8.json"
+stage "bench step micro_batch 16" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
+  --train.micro_batch 16 --train.grad_accum 1 --bench.json "$results/step_mb16.json"
 stage "bench comm" "$build/dstrain" bench comm --bench.json "$results/comm.json" --bench.iters 10
 stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory.json"
 stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
