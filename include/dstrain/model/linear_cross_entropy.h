@@ -14,7 +14,9 @@
 //
 // The loss and the softmax are computed in fp32 whatever the dtype of hidden and weight; the
 // gradient of the target logit, softmax − 1, is taken from the fp32 log-probability, so it loses
-// nothing to the rounding of a probability near one.
+// nothing to the rounding of a probability near one. In fp16 the stored gradient is scaled by
+// 2^14 (and the backward pass divides it out), or the many probabilities of a large vocabulary
+// below fp16's range would vanish.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
