@@ -96,8 +96,8 @@ ParallelContext ParallelContext::create(const RankGrid& grid, const std::string&
     std::optional<Error> failure;
     try {
       group = make_group(comm, backend, device, timeout_s);
-    } catch (const Error& e) {
-      failure = e;
+    } catch (const std::exception& e) {  // LibTorch's CUDA errors too: every rank must agree
+      failure = as_error(e);
     }
     const FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
     if (failure) throw *failure;

@@ -8,13 +8,16 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <cstdio>
 #include <thread>
 #include <vector>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
 
 namespace dstrain {
@@ -67,6 +70,19 @@ class NcclWork final : public Work {
   torch::Device device_;
 };
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
+
+// The id travels with whether the group's first rank could make one, so that a failure there
+// does not leave the others waiting inside ncclCommInitRank for a peer that never comes.
+struct UniqueIdMessage {
+  int ok = 0;
+  ncclUniqueId id{};
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm group, const torch::Device& device, double timeout_s)
@@ -79,22 +95,51 @@ class NcclCommunicator final : public Communicator {
       MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
       MPI_CHECK(MPI_Comm_size(mpi_, &size_));
       c10::cuda::CUDAGuard guard(device_);
-      ncclUniqueId id;
-      if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-      MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
-      NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+      UniqueIdMessage message;
+      ncclResult_t id_status = ncclSuccess;
+      if (rank_ == 0) {
+        id_status = ncclGetUniqueId(&message.id);
+        message.ok = id_status == ncclSuccess;
+      }
+      MPI_CHECK(MPI_Bcast(&message, sizeof message, MPI_BYTE, 0, mpi_));
+      if (!message.ok) {
+        if (rank_ != 0) throw Error(ExitCode::kCommunication, "");  // the first rank reports it
+        throw_nccl_error(id_status, "ncclGetUniqueId(&message.id)", __FILE__, __LINE__);
+      }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+      // Blocking calls whatever NCCL_COMM_BLOCKING says: every call below expects ncclSuccess,
+      // never ncclInProgress.
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 1;
+      NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, message.id, rank_, &config));
+#else
+      NCCL_CHECK(ncclCommInitRank(&comm_, size_, message.id, rank_));
+#endif
     } catch (...) {
       MPI_Comm_free(&mpi_);  // status ignored: already failing
       throw;
     }
+    watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {
-    // Statuses ignored: a destructor cannot report them, and an aborted communicator is gone.
-    if (comm_) {
-      cudaStreamSynchronize(stream_.stream());
-      ncclCommDestroy(comm_);
+    {
+      // Statuses ignored: a destructor cannot report them, and an aborted communicator is gone.
+      // The watchdog still runs: a destruction that hangs (ncclCommDestroy waits for the node's
+      // other ranks) ends the process after comm.timeout_s too.
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (comm_) {
+        cudaStreamSynchronize(stream_.stream());
+        ncclCommDestroy(comm_);
+        comm_ = nullptr;
+      }
     }
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_wake_.notify_all();
+    watchdog_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&mpi_);
@@ -177,11 +222,16 @@ class NcclCommunicator final : public Communicator {
     for (const Transfer& t : transfers) require_on_device(t.tensor, "exchange");
     run([&](cudaStream_t s) {
       NCCL_CHECK(ncclGroupStart());
-      for (Transfer& t : transfers) {
-        if (t.send)
-          NCCL_CHECK(ncclSend(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
-        else
-          NCCL_CHECK(ncclRecv(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+      try {
+        for (Transfer& t : transfers) {
+          if (t.send)
+            NCCL_CHECK(ncclSend(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+          else
+            NCCL_CHECK(ncclRecv(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+        }
+      } catch (...) {
+        ncclGroupEnd();  // status ignored: already failing; the thread's group must not stay open
+        throw;
       }
       NCCL_CHECK(ncclGroupEnd());
     });
@@ -195,18 +245,18 @@ class NcclCommunicator final : public Communicator {
   void synchronize() override {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
-    while (!last_done_.query()) {
-      check_async_error();
-      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
-        abort();
-        char limit[32];
-        std::snprintf(limit, sizeof limit, "%g", timeout_s_);
-        throw comm_error("NCCL: an operation on " + std::to_string(size_) + " ranks did not finish within " +
-                         "comm.timeout_s = " + limit + " s (a peer rank died or hangs); the communicator was aborted");
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        check_async_error();
+        if (last_done_.query()) return;
+        if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
+          abort();
+          throw comm_error(timeout_message() + "; the communicator was aborted");
+        }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    check_async_error();
   }
 
  private:
@@ -216,16 +266,17 @@ class NcclCommunicator final : public Communicator {
   // it, and no recordStream is needed.)
   template <typename Enqueue>
   void run(Enqueue&& enqueue) {
-    enqueue_on_own_stream(enqueue, last_done_);
-    last_done_.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    enqueue_on_own_stream(enqueue, last_done_, /*caller_waits=*/true);
   }
 
   // The operation on this communicator's own stream, after the work queued so far on the
-  // caller's stream; `done` is recorded after it (and is what a caller's stream waits for).
+  // caller's stream; `done` is recorded after it (and is what a caller's stream waits for: at
+  // once with `caller_waits`).
   template <typename Enqueue>
-  void enqueue_on_own_stream(Enqueue&& enqueue, at::cuda::CUDAEvent& done) {
-    if (!comm_) throw comm_error("NCCL: the communicator was aborted after an earlier failure");
+  void enqueue_on_own_stream(Enqueue&& enqueue, at::cuda::CUDAEvent& done, bool caller_waits = false) {
     std::lock_guard<std::mutex> lock(mutex_);  // the autograd engine's threads may call too
+    if (!comm_) throw comm_error("NCCL: the communicator was aborted after an earlier failure");
+    last_enqueued_ = std::chrono::steady_clock::now();
     c10::cuda::CUDAGuard guard(device_);
     c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
     at::cuda::CUDAEvent inputs_ready;
@@ -234,9 +285,11 @@ class NcclCommunicator final : public Communicator {
     enqueue(stream_.stream());
     done.record(stream_);
     if (&done != &last_done_) last_done_.record(stream_);
+    if (caller_waits) done.block(compute);
     check_async_error();
   }
 
+  // The two below with mutex_ held: the communicator may be aborted (freed) by another thread.
   void check_async_error() {
     if (!comm_) return;
     ncclResult_t async = ncclSuccess;
@@ -254,20 +307,69 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
 
+  std::string timeout_message() const {
+    return "NCCL: an operation on " + std::to_string(size_) + " ranks did not finish within comm.timeout_s = " +
+           seconds_text(timeout_s_) + " s (a peer rank died or hangs)";
+  }
+
+  // A hung operation stops the host only when it next waits for the GPU, and that may be inside
+  // any CUDA call (a kernel launch on a full queue, the caching allocator), never reaching
+  // synchronize(). This thread watches from outside, as PyTorch's NCCL watchdog does: an
+  // operation still unfinished comm.timeout_s after the last one was queued, an asynchronous
+  // NCCL error, or a queueing call that has held the communicator that long ends the process
+  // with exit code 5 after saying why; the launcher then ends the other ranks.
+  void watch() {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point busy_since{};  // when the watchdog first found mutex_ held, if it is
+    std::unique_lock<std::mutex> watch_lock(watch_mutex_);
+    while (!watch_wake_.wait_for(watch_lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
+      std::string failure;
+      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+      const Clock::time_point now = Clock::now();
+      if (!lock.owns_lock()) {
+        if (busy_since == Clock::time_point{}) busy_since = now;
+        if (std::chrono::duration<double>(now - busy_since).count() > timeout_s_) failure = timeout_message();
+      } else {
+        busy_since = {};
+        if (!comm_) continue;  // aborted: the thread that aborted it reports
+        ncclResult_t async = ncclSuccess;
+        bool unfinished = false;
+        try {
+          unfinished = !last_done_.query();
+        } catch (const std::exception&) {
+          continue;  // a CUDA error: the computing thread meets it too, and reports it better
+        }
+        if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess || async != ncclSuccess)
+          failure = std::string("NCCL: asynchronous error: ") + ncclGetErrorString(async) + " (" +
+                    ncclGetLastError(comm_) + ")";
+        else if (unfinished && std::chrono::duration<double>(now - last_enqueued_).count() > timeout_s_)
+          failure = timeout_message();
+      }
+      if (failure.empty()) continue;
+      log::error(failure, "; ending this rank (exit code 5)");
+      std::_Exit(static_cast<int>(ExitCode::kCommunication));
+    }
+  }
+
   void require_on_device(const torch::Tensor& t, const char* what) const {
     if (t.device() != device_ || !t.is_contiguous())
       throw Error(ExitCode::kInternal, std::string("NCCL backend: ") + what +
                                            " needs a contiguous tensor on " + device_.str());
   }
 
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards comm_, last_done_ and last_enqueued_
   torch::Device device_;
   c10::cuda::CUDAStream stream_;
   at::cuda::CUDAEvent last_done_;
+  std::chrono::steady_clock::time_point last_enqueued_;
   double timeout_s_;
   MPI_Comm mpi_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_wake_;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace
