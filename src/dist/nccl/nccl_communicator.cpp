@@ -94,6 +94,15 @@ class NcclCommunicator final : public Communicator {
       MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
       MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
       MPI_CHECK(MPI_Comm_size(mpi_, &size_));
+    } catch (...) {
+      MPI_Comm_free(&mpi_);  // status ignored: already failing
+      throw;
+    }
+    // Creation is collective and blocks until every rank of the group has joined: the watchdog
+    // (which finds mutex_ held meanwhile) ends the process if a peer never comes.
+    watchdog_ = std::thread([this] { watch(); });
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
       c10::cuda::CUDAGuard guard(device_);
       UniqueIdMessage message;
       ncclResult_t id_status = ncclSuccess;
@@ -116,10 +125,10 @@ class NcclCommunicator final : public Communicator {
       NCCL_CHECK(ncclCommInitRank(&comm_, size_, message.id, rank_));
 #endif
     } catch (...) {
+      stop_watchdog();
       MPI_Comm_free(&mpi_);  // status ignored: already failing
       throw;
     }
-    watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {
@@ -134,12 +143,7 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      stopping_ = true;
-    }
-    watch_wake_.notify_all();
-    watchdog_.join();
+    stop_watchdog();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&mpi_);
@@ -305,6 +309,15 @@ class NcclCommunicator final : public Communicator {
   void abort() {
     if (comm_) ncclCommAbort(comm_);  // status ignored: we are already reporting a failure
     comm_ = nullptr;
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_wake_.notify_all();
+    watchdog_.join();
   }
 
   std::string timeout_message() const {
