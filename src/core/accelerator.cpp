@@ -3,6 +3,8 @@
 #include <torch/cuda.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
 
 #ifdef DSTRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -21,6 +23,27 @@ bool cuda_compiled() {
 #endif
 }
 
+namespace {
+
+// The process's peak resident memory (Linux's VmHWM), which writing 5 to /proc/self/clear_refs
+// resets; 0 where /proc does not say.
+int64_t host_peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kib = 0;
+  while (status >> key) {
+    if (key == "VmHWM:" && status >> kib) return kib * 1024;
+    status.ignore(1 << 16, '\n');
+  }
+  return 0;
+}
+
+void reset_host_peak_resident_bytes() {
+  std::ofstream("/proc/self/clear_refs") << "5";  // failure leaves the lifetime peak: harmless
+}
+
+}  // namespace
+
 int device_count() { return cuda_compiled() && torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
 #ifdef DSTRAIN_WITH_CUDA
@@ -38,11 +61,12 @@ void synchronize(const torch::Device& device) {
 }
 // Index 0 of each statistic array is the aggregate over every pool.
 int64_t peak_allocated_bytes(const torch::Device& device) {
-  if (!device.is_cuda()) return 0;
+  if (!device.is_cuda()) return host_peak_resident_bytes();
   return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
 }
 void reset_peak_allocated_bytes(const torch::Device& device) {
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  if (!device.is_cuda()) return reset_host_peak_resident_bytes();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 }
 #else
 std::string device_name(int) { return "cpu"; }
@@ -50,8 +74,8 @@ std::string device_uuid(int) { return std::string(16, '\0'); }
 int64_t device_total_memory(int) { return 0; }
 void set_current_device(int) {}
 void synchronize(const torch::Device&) {}
-int64_t peak_allocated_bytes(const torch::Device&) { return 0; }
-void reset_peak_allocated_bytes(const torch::Device&) {}
+int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
+void reset_peak_allocated_bytes(const torch::Device&) { reset_host_peak_resident_bytes(); }
 #endif
 
 Timestamp Timestamp::now(const torch::Device& device) {

@@ -25,3 +25,24 @@ TEST(Bench, IoReadsTheCorpusAndWritesACheckpoint) {
       << run.output;
   EXPECT_FALSE(dstrain::files::exists(dir + "/ckpt/bench-io"));  // nothing left behind
 }
+
+// bench step on 2 ranks on the CPU: trains the configured model on random tokens and reports
+// its figures, the model's size and FLOPs among them, and the process's peak memory.
+TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
+  const std::string dir = scratch_dir("bench-step");
+  RunOutput run = run_dstrain(2, {"bench", "step", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                  "--train.device", "cpu", "--bench.steps", "2", "--bench.json", dir + "/step.json"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json result = read_json(dir + "/step.json");
+  EXPECT_EQ(result["bench"], "step");
+  EXPECT_EQ(result["ranks"], 2);
+  EXPECT_GT(result["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(result["params"].get<double>(), 0.0);
+  EXPECT_GT(result["flops_per_token"].get<double>(), 6.0 * result["params"].get<double>() * 0.5);
+  // Random tokens: the loss starts near log(vocabulary) and is finite.
+  EXPECT_GT(result["final_loss"].get<double>(), 1.0);
+  // The process's resident peak: LibTorch alone is tens of MB; far below the machine's memory.
+  EXPECT_GT(result["peak_memory_bytes"].get<double>(), 20.0 * (1 << 20));
+  EXPECT_LT(result["peak_memory_bytes"].get<double>(), 16.0 * (1LL << 30));
+  EXPECT_NE(run.output.find("peak memory"), std::string::npos) << run.output;
+}

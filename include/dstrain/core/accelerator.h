@@ -1,6 +1,6 @@
 // What the rest of dstrain needs to know about the GPU, without including CUDA headers: whether
 // this LibTorch has CUDA, how many devices a node has, their names and memory, and the
-// caching allocator's peak. A CPU-only build answers "no GPU" and never fails.
+// caching allocator's peak (the process's, on the CPU). A CPU-only build answers "no GPU" and never fails.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,9 @@ void set_current_device(int index);
 // Waits for every kernel queued on `device` (a no-op on the CPU).
 void synchronize(const torch::Device& device);
 
-// Peak bytes held by tensors on `device` since the last reset (the caching allocator's count;
-// 0 on the CPU, which has no such counter).
+// Peak memory on `device` since the last reset: on a GPU the bytes held by tensors (the caching
+// allocator's count); on the CPU, which has no such counter, the process's peak resident memory
+// (libraries and the rest of the process included).
 int64_t peak_allocated_bytes(const torch::Device& device);
 void reset_peak_allocated_bytes(const torch::Device& device);
 

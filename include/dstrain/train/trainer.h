@@ -18,7 +18,7 @@ struct TrainResult {
   // allocation and kernel selection), or over the only one.
   double tokens_per_s = 0.0;
   double mfu = 0.0;               // 0 when the device's peak is unknown
-  int64_t peak_memory_bytes = 0;  // on the GPU (caching allocator's peak); 0 on the CPU
+  int64_t peak_memory_bytes = 0;  // GPU: the caching allocator's peak; CPU: peak resident memory
   bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
 };
 
