@@ -3,7 +3,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <cmath>
 
 namespace dstrain {
 namespace {
@@ -11,22 +10,16 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Rows of logits whose fp32 log-softmax is alive at once: 256 MB.
+// Rows of logits whose fp32 log-softmax is alive at once: 256 MB (twice that from bf16 logits,
+// which LibTorch converts to fp32 before its log-softmax; only fp16 has a converting kernel).
 constexpr int64_t kChunkElements = int64_t{1} << 26;
 
-// fp16 cannot hold probabilities below 6e-8 (and holds those below 6e-5 with fewer bits), and a
-// large vocabulary has many: the gradient is stored times 2^14 (|softmax − onehot| ≤ 1, so at
-// most 16384 of fp16's 65504). bf16 has fp32's range.
-double gradient_storage_scale(torch::ScalarType dtype) { return dtype == torch::kHalf ? 16384.0 : 1.0; }
-
 // The loss of each row of `logits` [N, V] (fp32 [N]). With `gradient`, each row of logits is
-// overwritten with its softmax minus the one-hot target times gradient_storage_scale(): the loss's
-// gradient, up to a scalar.
+// overwritten with its softmax minus the one-hot target: the loss's gradient, up to a scalar.
 torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, int64_t chunk, bool gradient) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   if (chunk <= 0) chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(vocab, 1));
   torch::Tensor losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
-  const double storage_scale = gradient_storage_scale(logits.scalar_type());
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     torch::Tensor part = logits.narrow(0, start, n);
@@ -36,10 +29,9 @@ torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, in
     torch::Tensor part_losses = losses.narrow(0, start, n);
     torch::neg_out(part_losses, target_log_probs.squeeze(1));
     if (!gradient) continue;
-    if (storage_scale != 1.0) log_probs.add_(std::log(storage_scale));
     torch::exp_out(part, log_probs);  // one pass: fp32 in, the logits' dtype out
     // softmax − 1 at the target, from the fp32 log-probability (exp(lp) − 1 = expm1(lp)).
-    part.scatter_(1, index, torch::expm1(target_log_probs).mul_(storage_scale).to(part.scalar_type()));
+    part.scatter_(1, index, torch::expm1(target_log_probs).to(part.scalar_type()));
   }
   return losses;
 }
@@ -68,8 +60,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &rows = saved[0], &weight = saved[1], &logit_grad = saved[2];
     // d mean / d logits = (softmax − onehot) / N, times the incoming gradient.
-    const double stored = gradient_storage_scale(logit_grad.scalar_type()) * static_cast<double>(rows.size(0));
-    const torch::Tensor scale = grad_outputs[0].to(torch::kFloat32) / stored;
+    const torch::Tensor scale = grad_outputs[0].to(torch::kFloat32) / static_cast<double>(rows.size(0));
     torch::Tensor grad_hidden, grad_weight;
     if (ctx->needs_input_grad(0))
       grad_hidden = scaled(torch::mm(logit_grad, weight), scale).view(ctx->saved_data["hidden_shape"].toIntVector());
@@ -82,8 +73,15 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& targets, int64_t chunk_rows) {
-  if (torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad()))
-    return LinearCrossEntropy::apply(hidden, weight, targets, chunk_rows);
+  const bool training = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  if (training && hidden.scalar_type() == torch::kHalf) {
+    // fp16 cannot hold the many probabilities of a large vocabulary below 6e-8, unscaled; the
+    // autograd graph of log_softmax + nll_loss scales them by the loss scale before rounding.
+    torch::Tensor logits = torch::matmul(hidden, weight.t());
+    return torch::nll_loss(torch::log_softmax(logits.reshape({-1, logits.size(-1)}), -1, torch::kFloat32),
+                           targets.reshape({-1}));
+  }
+  if (training) return LinearCrossEntropy::apply(hidden, weight, targets, chunk_rows);
   // Evaluation: the losses alone, no gradient written.
   torch::Tensor logits = torch::mm(hidden.reshape({-1, hidden.size(-1)}), weight.t());
   return row_losses(logits, targets.reshape({-1}), chunk_rows, /*gradient=*/false).mean();

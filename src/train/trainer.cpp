@@ -323,9 +323,11 @@ StepTensors Trainer::train_step(int64_t step) {
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32);
   nonfinite_steps_ += found_inf;
   // fp16: the gradients still carry the loss scale; the optimizer divides it out with clipping's.
+  // (No divisor at all without either: the fused kernel would write every gradient back.)
   if (loss_scaler_) norm = norm / loss_scaler_->scale();
-  torch::Tensor divisor = clip_divisor(norm, config_.optim.grad_clip);
-  if (loss_scaler_) divisor = divisor * loss_scaler_->scale();
+  torch::Tensor divisor;
+  if (config_.optim.grad_clip > 0) divisor = clip_divisor(norm, config_.optim.grad_clip);
+  if (loss_scaler_) divisor = divisor.defined() ? divisor * loss_scaler_->scale() : loss_scaler_->scale();
   optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf, divisor);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);

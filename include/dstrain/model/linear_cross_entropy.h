@@ -2,21 +2,21 @@
 // against the target tokens, computed without keeping what the usual log_softmax + nll_loss
 // graph keeps.
 //
-// The logits are [tokens, vocabulary] (16k × 102k at a micro-batch of 8 × 2048: 3.4 GB in bf16),
-// and that graph stores an fp32 log-softmax of them for the backward pass, then makes an fp32
-// gradient of the same size and a third pass to bring it back to the logits' dtype: about 34 GB
-// of memory traffic and 13 GB of memory per micro-batch. Here the log-softmax is taken in row
-// chunks (fp32, one chunk alive at a time); each chunk gives its losses, and its softmax minus
-// the one-hot targets, the logits' gradient up to a scalar, is written over the logits as soon
-// as it is known. The backward pass applies the scalar (the incoming gradient over the token
-// count) to the two [tokens, hidden] and [vocabulary, hidden] products instead of to the logits:
-// about 20 GB of traffic and one logits-sized tensor of memory.
+// The logits are [tokens, vocabulary] (16k × 102k at a micro-batch of 8 × 2048: 3.4 GB in bf16).
+// That graph keeps an fp32 log-softmax of them for the backward pass, which makes an fp32
+// gradient of the same size and a third pass to bring it back to the logits' dtype: about 36
+// bytes of memory traffic per logit and up to 13 GB of memory per micro-batch. Here the
+// log-softmax is taken in row chunks (fp32, one chunk alive at a time); each chunk gives its
+// losses, and its softmax minus the one-hot targets, the logits' gradient up to a scalar, is
+// written over the logits as soon as it is known. The backward pass applies the scalar (the
+// incoming gradient over the token count) to the two [tokens, hidden] and [vocabulary, hidden]
+// products instead of to the logits: about 20 bytes per logit, and no memory beyond the logits.
 //
 // The loss and the softmax are computed in fp32 whatever the dtype of hidden and weight; the
 // gradient of the target logit, softmax − 1, is taken from the fp32 log-probability, so it loses
-// nothing to the rounding of a probability near one. In fp16 the stored gradient is scaled by
-// 2^14 (and the backward pass divides it out), or the many probabilities of a large vocabulary
-// below fp16's range would vanish.
+// nothing to the rounding of a probability near one. fp16 keeps the log_softmax + nll_loss
+// graph: written unscaled, fp16 would lose the probabilities below its range (6e-8), of which a
+// large vocabulary has many, while that graph scales them by the loss scale first.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
