@@ -25,8 +25,7 @@ bool cuda_compiled() {
 
 namespace {
 
-// The process's peak resident memory (Linux's VmHWM), which writing 5 to /proc/self/clear_refs
-// resets; 0 where /proc does not say.
+// The process's peak resident memory (Linux's VmHWM); 0 where /proc does not say.
 int64_t host_peak_resident_bytes() {
   std::ifstream status("/proc/self/status");
   std::string key;
@@ -36,10 +35,6 @@ int64_t host_peak_resident_bytes() {
     status.ignore(1 << 16, '\n');
   }
   return 0;
-}
-
-void reset_host_peak_resident_bytes() {
-  std::ofstream("/proc/self/clear_refs") << "5";  // failure leaves the lifetime peak: harmless
 }
 
 }  // namespace
@@ -64,10 +59,6 @@ int64_t peak_allocated_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return host_peak_resident_bytes();
   return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
 }
-void reset_peak_allocated_bytes(const torch::Device& device) {
-  if (!device.is_cuda()) return reset_host_peak_resident_bytes();
-  c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
-}
 #else
 std::string device_name(int) { return "cpu"; }
 std::string device_uuid(int) { return std::string(16, '\0'); }
@@ -75,7 +66,6 @@ int64_t device_total_memory(int) { return 0; }
 void set_current_device(int) {}
 void synchronize(const torch::Device&) {}
 int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
-void reset_peak_allocated_bytes(const torch::Device&) { reset_host_peak_resident_bytes(); }
 #endif
 
 Timestamp Timestamp::now(const torch::Device& device) {

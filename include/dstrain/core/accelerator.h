@@ -25,11 +25,10 @@ void set_current_device(int index);
 // Waits for every kernel queued on `device` (a no-op on the CPU).
 void synchronize(const torch::Device& device);
 
-// Peak memory on `device` since the last reset: on a GPU the bytes held by tensors (the caching
+// Peak memory on `device` so far: on a GPU the bytes held by tensors (the caching
 // allocator's count); on the CPU, which has no such counter, the process's peak resident memory
 // (libraries and the rest of the process included).
 int64_t peak_allocated_bytes(const torch::Device& device);
-void reset_peak_allocated_bytes(const torch::Device& device);
 
 // A point in the work queued on a device, to measure intervals of it without waiting for it: on a
 // GPU a CUDA event (it takes its time when the kernels queued before it have run), on the CPU,
