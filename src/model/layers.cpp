@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/swiglu_activation.h"
 
 namespace dstrain {
 namespace {
@@ -75,7 +76,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+  return down_proj_(swiglu_activation(gate_proj_(x), up_proj_(x)));
 }
 
 }  // namespace dstrain

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+#include "cuda/launch.h"
+#endif
+
 namespace dstrain {
 namespace {
 
@@ -18,8 +22,20 @@ constexpr int64_t kChunkElements = int64_t{1} << 26;
 // overwritten with its softmax minus the one-hot target: the loss's gradient, up to a scalar.
 torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, int64_t chunk, bool gradient) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  if (chunk <= 0) chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(vocab, 1));
   torch::Tensor losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+  // On a GPU: one kernel, one block a row, no fp32 copies (src/model/cuda/softmax_cross_entropy.cu).
+  if (cuda::element_of(logits) && logits.stride(1) == 1 && targets.scalar_type() == torch::kInt64 &&
+      targets.device() == logits.device()) {
+    const c10::cuda::CUDAGuard guard(logits.device());
+    const torch::Tensor dense_targets = targets.contiguous();
+    C10_CUDA_CHECK(cuda::softmax_cross_entropy(logits.data_ptr(), *cuda::element_of(logits), rows, vocab,
+                                               logits.stride(0), dense_targets.data_ptr<int64_t>(),
+                                               losses.data_ptr<float>(), gradient, cuda::stream_of(logits)));
+    return losses;
+  }
+#endif
+  if (chunk <= 0) chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(vocab, 1));
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     torch::Tensor part = logits.narrow(0, start, n);

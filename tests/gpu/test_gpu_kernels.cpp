@@ -1,0 +1,134 @@
+// dstrain's own CUDA kernels (src/model/cuda), reached through the functions that use them,
+// against fp64 arithmetic on the CPU from the same rounded inputs. In a build without the kernels
+// these check LibTorch's operations on the GPU instead, against the same references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "dstrain/core/accelerator.h"
+#include "dstrain/model/linear_cross_entropy.h"
+#include "dstrain/model/swiglu_activation.h"
+
+using namespace dstrain;
+
+namespace {
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return ((got.to(torch::kCPU, torch::kFloat64) - want.to(torch::kFloat64)).norm() / want.norm()).item<double>();
+}
+
+// Rounding to `dtype` and back: the values the GPU computes from.
+torch::Tensor rounded(const torch::Tensor& t, torch::ScalarType dtype) { return t.to(dtype).to(torch::kFloat64); }
+
+class GpuKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (accel::device_count() == 0) GTEST_SKIP() << "no GPU on this machine";
+  }
+};
+
+}  // namespace
+
+// The loss, and the gradients that the logits' gradient written over the logits gives, for a
+// vocabulary whose rows the kernel reads in 16-byte packs (32000) and one whose rows start off
+// that boundary (4099, an odd row stride), over logits spread wide enough (±~15) that the online
+// maximum changes along the row.
+TEST_F(GpuKernels, LossAndGradientsOfTheHeadEqualTheMaterialisedSoftmax) {
+  torch::manual_seed(5);
+  for (int64_t vocab : {32000, 4099}) {
+    // fp16 trains through LibTorch's graph (see linear_cross_entropy.h) and evaluates with the kernel.
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+      const int64_t rows = 48, width = 64;
+      torch::Tensor hidden = torch::randn({2, rows / 2, width}, torch::kFloat64);
+      torch::Tensor weight = torch::randn({vocab, width}, torch::kFloat64) * 0.6;
+      torch::Tensor targets = torch::randint(vocab, {2, rows / 2}, torch::kInt64);
+      torch::Tensor h = hidden.to(torch::kCUDA, dtype).requires_grad_();
+      torch::Tensor w = weight.to(torch::kCUDA, dtype).requires_grad_();
+      torch::Tensor loss = linear_cross_entropy(h, w, targets.to(torch::kCUDA));
+      loss.backward();
+
+      torch::Tensor h64 = rounded(hidden, dtype).requires_grad_(), w64 = rounded(weight, dtype).requires_grad_();
+      torch::Tensor logits = torch::matmul(h64, w64.t()).reshape({rows, vocab});
+      // The reference's logits are the GPU product's, whose bf16 rounding moves each by up to ~0.03.
+      torch::Tensor gpu_logits = torch::mm(h.detach().reshape({rows, width}), w.detach().t()).to(torch::kCPU, torch::kFloat64);
+      logits = logits + (gpu_logits - logits).detach();
+      torch::Tensor expected = torch::nll_loss(torch::log_softmax(logits, -1), targets.reshape({-1}));
+      expected.backward();
+
+      const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+      EXPECT_NEAR(loss.item<double>(), expected.item<double>(), expected.item<double>() * 1e-5) << vocab << " " << dtype;
+      EXPECT_LT(relative_error(h.grad(), h64.grad()), tolerance) << vocab << " " << dtype;
+      EXPECT_LT(relative_error(w.grad(), w64.grad()), tolerance) << vocab << " " << dtype;
+
+      torch::NoGradGuard evaluation;  // the losses alone, without writing a gradient
+      EXPECT_NEAR(linear_cross_entropy(h, w, targets.to(torch::kCUDA)).item<double>(), expected.item<double>(),
+                  expected.item<double>() * 1e-5)
+          << vocab << " " << dtype;
+    }
+  }
+}
+
+// A row whose logits are all −inf but the target's still has a finite loss (0) and gradient (0):
+// the online softmax must not subtract −inf from −inf.
+TEST_F(GpuKernels, InfiniteNegativeLogitsDropOutOfTheSoftmax) {
+  const int64_t vocab = 1000;
+  torch::Tensor weight = torch::zeros({vocab, 2}, torch::kFloat32);
+  weight.index_put_({torch::indexing::Slice(), 0}, -std::numeric_limits<float>::infinity());
+  weight[17][0] = 1.0;
+  torch::Tensor hidden = torch::tensor({{1.0f, 0.0f}});  // logits: −inf everywhere, 1 at token 17
+  torch::Tensor targets = torch::tensor({17}, torch::kInt64);
+  torch::NoGradGuard evaluation;
+  torch::Tensor loss = linear_cross_entropy(hidden.cuda(), weight.cuda(), targets.cuda());
+  EXPECT_NEAR(loss.item<double>(), 0.0, 1e-6);
+}
+
+// A confident row: the target's logit 17.2 above 4095 others of 0, so that its loss and the
+// target's gradient are log(1 + 4095 e^-17.2) ~ 1.39e-4, a sum of 1 and thousands of ~3.4e-8
+// terms that an fp32 running sum of 1 would drop (~2% off over few threads).
+TEST_F(GpuKernels, AConfidentRowKeepsItsSmallLossAndTargetGradient) {
+  const int64_t vocab = 4096, target = 5;
+  torch::Tensor weight = torch::zeros({vocab, 1}, torch::kFloat32);
+  weight[target][0] = 17.2;
+  torch::Tensor h = torch::ones({1, 1}, torch::kFloat32).cuda();
+  torch::Tensor w = weight.cuda().requires_grad_();
+  torch::Tensor loss = linear_cross_entropy(h, w, torch::tensor({target}, torch::kInt64).cuda());
+  loss.backward();
+  const double logit = static_cast<double>(17.2f);
+  const double expected = std::log1p((vocab - 1) * std::exp(-logit));  // −log p(target)
+  EXPECT_NEAR(loss.item<double>(), expected, expected * 2e-3);
+  EXPECT_NEAR(w.grad()[target][0].item<double>(), std::expm1(-expected), expected * 2e-3);  // p − 1
+}
+
+// silu(gate) × up and both input gradients, contiguous (the fused kernels, with a count that
+// leaves a tail after the 16-byte packs) and transposed (LibTorch's operations), in each dtype.
+TEST_F(GpuKernels, SwigluActivationAndGradientsEqualTheFormula) {
+  torch::manual_seed(9);
+  torch::Tensor gate = torch::randn({3, 37, 101}, torch::kFloat64) * 4;
+  torch::Tensor up = torch::randn({3, 37, 101}, torch::kFloat64);
+  torch::Tensor upstream = torch::randn({3, 37, 101}, torch::kFloat64);
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    torch::Tensor g64 = rounded(gate, dtype).requires_grad_(), u64 = rounded(up, dtype).requires_grad_();
+    torch::Tensor expected = g64 * torch::sigmoid(g64) * u64;
+    expected.backward(rounded(upstream, dtype));
+    // One rounding of an fp32 result in fp32; bf16 keeps 8 bits, fp16 11.
+    const double tolerance = dtype == torch::kFloat32 ? 1e-6 : dtype == torch::kBFloat16 ? 8e-3 : 1e-3;
+    for (bool transposed : {false, true}) {
+      // Leaves in the layout given; transposed, the activation sees non-contiguous views of them.
+      auto leaf = [&](const torch::Tensor& t) {
+        torch::Tensor l = (transposed ? t.transpose(1, 2).contiguous() : t).to(torch::kCUDA, dtype);
+        return l.requires_grad_();
+      };
+      auto as_given = [&](const torch::Tensor& t) { return transposed ? t.transpose(1, 2) : t; };
+      torch::Tensor g = leaf(gate), u = leaf(up);
+      torch::Tensor out = swiglu_activation(as_given(g), as_given(u));
+      out.backward(upstream.to(torch::kCUDA, dtype));
+      EXPECT_EQ(out.scalar_type(), dtype);
+      EXPECT_LT(relative_error(out, expected), tolerance) << dtype << " transposed " << transposed;
+      // LibTorch's graph rounds silu(gate) before the product: one rounding more.
+      const double grad_tolerance = transposed ? 2 * tolerance : tolerance;
+      EXPECT_LT(relative_error(as_given(g.grad()), g64.grad()), grad_tolerance) << dtype << " transposed " << transposed;
+      EXPECT_LT(relative_error(as_given(u.grad()), u64.grad()), grad_tolerance) << dtype << " transposed " << transposed;
+    }
+  }
+}
