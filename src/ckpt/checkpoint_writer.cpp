@@ -11,6 +11,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/text.h"
 #include "dstrain/core/xxhash.h"
 
 namespace dstrain {
@@ -318,8 +319,7 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string
   for (const std::string& name : checkpoints_to_remove(entries, retention_, job_.step))
     files::remove_tree(dir_ + "/" + name);
   for (const std::string& name : entries)
-    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".h5.tmp") == 0 &&
-        step_of_checkpoint_file(name.substr(0, name.size() - 4)) >= 0)
+    if (ends_with(name, ".h5.tmp") && step_of_checkpoint_file(name.substr(0, name.size() - 4)) >= 0)
       files::remove_tree(dir_ + "/" + name);
   const double seconds = std::chrono::duration<double>(Clock::now() - job_.started).count();
   char text[160];

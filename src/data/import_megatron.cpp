@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/text.h"
 
 namespace dstrain::megatron {
 namespace {
@@ -41,7 +42,7 @@ void read_exactly(std::ifstream& file, T* out, size_t count, const std::string& 
 
 std::string prefix_of(const std::string& path) {
   for (const char* ext : {".bin", ".idx"})
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ext) == 0) return path.substr(0, path.size() - 4);
+    if (path.size() > 4 && ends_with(path, ext)) return path.substr(0, path.size() - 4);
   return path;
 }
 

@@ -8,16 +8,10 @@
 #include <string>
 
 #include "dstrain/core/random.h"
+#include "dstrain/core/text.h"
 #include "dstrain/model/linear_cross_entropy.h"
 
 namespace dstrain {
-namespace {
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
     : slice_(slice),

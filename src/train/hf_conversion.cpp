@@ -12,6 +12,7 @@
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/core/text.h"
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/checkpointing.h"
@@ -22,10 +23,6 @@ namespace {
 
 constexpr ExitCode kCode = ExitCode::kCheckpoint;
 const std::string kLayers = "model.layers.";
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool readable_dtype(const std::string& dtype) { return dtype == "BF16" || dtype == "F16" || dtype == "F32"; }
 
