@@ -22,7 +22,9 @@ stage() {  # stage NAME COMMAND...: runs it, logs it, remembers how it ended
 }
 cd "$root"
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "cudnn", torch.backends.cudnn.version())'
+  # Which attention kernel LibTorch picks for the 1B preset's shapes (bf16, 16 heads of 128, 2048 positions, causal).
+  python3 -c 'import torch; q = torch.randn(4, 16, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True); print("sdpa backend for the 1B shapes:", torch._fused_sdp_choice(q, q, q, is_causal=True), [(b.name, int(b.value)) for b in torch.nn.attention.SDPBackend.__members__.values()])'
 } >>"$log" 2>&1
 stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
   stage build cmake --build "$build" -j "$(nproc)" || { tail -60 "$log"; printf '%s\n' "${summary[@]}"; exit 1; }

@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cuda/launch.h"
+#endif
+
 namespace dstrain {
 
 namespace {
@@ -14,6 +20,51 @@ double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.
 double pair_turning(double rotations, int64_t d, double theta, int64_t length) {
   return static_cast<double>(d) * std::log(static_cast<double>(length) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
 }
+
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+// x rotated by the tables' angles (backwards with `inverse`), by the kernel of cuda/rope.cu.
+torch::Tensor rotated(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool interleave,
+                      bool inverse) {
+  const torch::Tensor in = x.stride(3) == 1 ? x : x.contiguous();
+  torch::Tensor out = torch::empty_like(in);  // the same layout where `in` is dense, else contiguous
+  cuda::RopeLayout layout{in.size(0), in.size(1), in.size(2), in.size(3), {}, {}};
+  for (int d = 0; d < 3; ++d) layout.in_strides[d] = in.stride(d), layout.out_strides[d] = out.stride(d);
+  const c10::cuda::CUDAGuard guard(in.device());
+  C10_CUDA_CHECK(cuda::rope(in.data_ptr(), out.data_ptr(), *cuda::element_of(in), layout, cos.data_ptr<float>(),
+                            sin.data_ptr<float>(), cos.stride(0), interleave, inverse, cuda::stream_of(in)));
+  return out;
+}
+
+class FusedRope : public torch::autograd::Function<FusedRope> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin, bool interleave) {
+    ctx->saved_data["cos"] = cos;  // constant tables: nothing of x needs keeping
+    ctx->saved_data["sin"] = sin;
+    ctx->saved_data["interleave"] = interleave;
+    return rotated(x, cos, sin, interleave, /*inverse=*/false);
+  }
+
+  // A rotation's gradient is the rotation by the opposite angle.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    return {rotated(grad_outputs[0], ctx->saved_data["cos"].toTensor(), ctx->saved_data["sin"].toTensor(),
+                    ctx->saved_data["interleave"].toBool(), /*inverse=*/true),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The kernel takes a CUDA tensor of a dtype it knows with unit stride in head_dim (≤ 256, even)
+// and at most 65535 heads and batch rows (its grid), and the fp32 tables on the same GPU.
+bool fused_kernel_applies(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t d = x.size(3);
+  return cuda::element_of(x) && x.stride(3) == 1 && d % 2 == 0 && d <= 256 && x.numel() > 0 &&
+         x.size(0) <= 65535 && x.size(1) <= 65535 &&
+         cos.device() == x.device() && sin.device() == x.device() && cos.scalar_type() == torch::kFloat32 &&
+         sin.scalar_type() == torch::kFloat32 && cos.size(1) == d && cos.stride(1) == 1 &&
+         sin.strides() == cos.strides();
+}
+#endif
 
 }  // namespace
 
@@ -44,6 +95,10 @@ RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta,
 
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   const int64_t seq = x.size(2), d = x.size(3);
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+  if (fused_kernel_applies(x, tables.cos, tables.sin))
+    return FusedRope::apply(x, tables.cos.narrow(0, 0, seq), tables.sin.narrow(0, 0, seq), tables.interleave);
+#endif
   torch::Tensor cos = tables.cos.narrow(0, 0, seq).to(x.dtype());
   torch::Tensor sin = tables.sin.narrow(0, 0, seq).to(x.dtype());
   // Each pair (a, b) → (b, a); the table's signs make it (-b, a).

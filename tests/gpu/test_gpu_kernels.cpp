@@ -8,6 +8,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/model/linear_cross_entropy.h"
+#include "dstrain/model/rope.h"
 #include "dstrain/model/swiglu_activation.h"
 
 using namespace dstrain;
@@ -129,6 +130,40 @@ TEST_F(GpuKernels, SwigluActivationAndGradientsEqualTheFormula) {
       const double grad_tolerance = transposed ? 2 * tolerance : tolerance;
       EXPECT_LT(relative_error(as_given(g.grad()), g64.grad()), grad_tolerance) << dtype << " transposed " << transposed;
       EXPECT_LT(relative_error(as_given(u.grad()), u64.grad()), grad_tolerance) << dtype << " transposed " << transposed;
+    }
+  }
+}
+
+// The rotation and its gradient in both pair layouts, on the layouts attention gives it: heads
+// transposed out of [batch, seq, heads, head_dim] (q and k), and a slice of the last dimension
+// (MLA's rotary part), at positions from 0 and from 5 (cached decoding), in each dtype.
+TEST_F(GpuKernels, RopeAndItsGradientEqualTheRotationInFp64) {
+  torch::manual_seed(13);
+  const int64_t batch = 2, seq = 9, heads = 3, head_dim = 64;
+  torch::Tensor input = torch::randn({batch, seq, heads, head_dim + 16}, torch::kFloat64);
+  torch::Tensor upstream = torch::randn({batch, heads, seq, head_dim}, torch::kFloat64);
+  for (bool interleave : {false, true}) {
+    const RopeTables all = make_rope_tables(32, head_dim, 10000.0, interleave);
+    for (int64_t first : {0, 5}) {
+      const RopeTables tables = rope_tables_from(all, first, seq);
+      const RopeTables gpu_tables{tables.cos.cuda(), tables.sin.cuda(), interleave};
+      for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+        const std::string what = std::string(interleave ? "interleaved" : "half-split") + " from " +
+                                 std::to_string(first) + " " + c10::toString(dtype);
+        torch::Tensor x64 = input.to(dtype).to(torch::kFloat64).requires_grad_();
+        torch::Tensor expected = apply_rope(x64.narrow(-1, 16, head_dim).transpose(1, 2), tables);
+        expected.backward(upstream.to(dtype).to(torch::kFloat64));
+
+        torch::Tensor x = input.to(torch::kCUDA, dtype).requires_grad_();
+        torch::Tensor got = apply_rope(x.narrow(-1, 16, head_dim).transpose(1, 2), gpu_tables);
+        got.backward(upstream.to(torch::kCUDA, dtype));
+        const double tolerance = dtype == torch::kFloat32 ? 1e-6 : dtype == torch::kBFloat16 ? 8e-3 : 2e-3;
+        EXPECT_EQ(got.scalar_type(), dtype) << what;
+        EXPECT_LT(relative_error(got, expected), tolerance) << what;
+        EXPECT_LT(relative_error(x.grad(), x64.grad()), tolerance) << what;
+        // The first 16 of the last dimension are no part of the rotation: no gradient.
+        EXPECT_EQ(x.grad().narrow(-1, 0, 16).abs().max().item<double>(), 0.0) << what;
+      }
     }
   }
 }

@@ -12,7 +12,7 @@ namespace dstrain {
 struct RopeTables {
   // [max_seq_len, head_dim], each pair's angle in both its slots. The sine carries the rotation's
   // sign: -sin in the pair's first slot, +sin in its second, so that a pair (a, b) becomes
-  // (a cos - b sin, b cos + a sin) = x * cos + swap_pairs(x) * sin, in three kernels.
+  // (a cos - b sin, b cos + a sin) = x * cos + swap_pairs(x) * sin, one multiply-add per element.
   torch::Tensor cos, sin;
   bool interleave = false;
 };
@@ -32,7 +32,9 @@ struct YarnScaling {
 RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta, bool interleave,
                             const YarnScaling& yarn = {});
 
-// x: [batch, heads, seq, head_dim]; positions 0 .. seq-1.
+// x: [batch, heads, seq, head_dim]; positions 0 .. seq-1. On a GPU, with dstrain's kernels
+// built, one kernel each way (src/model/cuda/rope.cu) with the tables in fp32; elsewhere three
+// LibTorch operations with the tables in x's dtype.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 
 // The tables from position `first` on, so that apply_rope rotates positions first, first + 1, ...

@@ -29,4 +29,15 @@ cudaError_t swiglu_forward(const void* gate, const void* up, void* out, Element 
 cudaError_t swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate,
                             void* grad_up, Element element, int64_t count, cudaStream_t stream);
 
+// Rotary position embedding of x [batch, heads, seq, head_dim] (any strides but the last, which
+// is 1) into out (strides of its own): out_i = x_i cos_i + x_partner(i) sin_i at each position,
+// from fp32 tables [seq, head_dim] whose rows are `table_stride` apart (rope.h: the sine table
+// carries the rotation's sign). `inverse` rotates the other way: the gradient of the rotation.
+struct RopeLayout {
+  int64_t batch, heads, seq, head_dim;
+  int64_t in_strides[3], out_strides[3];  // of batch, heads and seq, in elements
+};
+cudaError_t rope(const void* x, void* out, Element element, const RopeLayout& layout, const float* cos,
+                 const float* sin, int64_t table_stride, bool interleave, bool inverse, cudaStream_t stream);
+
 }  // namespace dstrain::cuda
