@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
 #include "cuda/launch.h"
@@ -89,6 +91,9 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& targets, int64_t chunk_rows) {
+  if (targets.numel() * hidden.size(-1) != hidden.numel())
+    throw std::invalid_argument("linear_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
+                                std::to_string(hidden.numel() / std::max<int64_t>(hidden.size(-1), 1)) + " rows");
   const bool training = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (training && hidden.scalar_type() == torch::kHalf) {
     // fp16 cannot hold the many probabilities of a large vocabulary below 6e-8, unscaled; the

@@ -166,6 +166,8 @@ TEST(Model, LossIsTheMeanNextTokenCrossEntropyOfTheHeadsLogits) {
     torch::NoGradGuard evaluation;
     EXPECT_NEAR(linear_cross_entropy(hidden, weight, targets, chunk_rows).item<double>(), expected / 6, 1e-5);
   }
+  // A target for each row, or a message saying how many there are of each.
+  EXPECT_THROW(linear_cross_entropy(hidden, weight, targets.narrow(1, 0, 2)), std::invalid_argument);
 }
 
 // The loss and gradients of log_softmax + nll_loss over the materialised logits, in fp64 unless

@@ -26,20 +26,30 @@ struct Softmax {
   float max = -INFINITY;
   double sum = 0.0;
 
+  // The larger of a and b, NaN if either is (fmaxf would drop a NaN logit, which must reach the
+  // loss as LibTorch's does: the trainer skips or stops on a non-finite loss).
+  __device__ static float max_of(float a, float b) { return (isnan(b) || b > a) ? b : a; }
+
+  // sum × exp(max − new_max), exactly sum when the maximum has not moved.
+  __device__ double rescaled(float new_max) const {
+    return new_max == max ? sum : sum * exp2f((max - new_max) * kLog2e);
+  }
+
   __device__ void add(const float* x, int n) {
     float new_max = max;
-    for (int i = 0; i < n; ++i) new_max = fmaxf(new_max, x[i]);
+    for (int i = 0; i < n; ++i) new_max = max_of(new_max, x[i]);
     if (new_max == -INFINITY) return;  // only −inf so far: nothing to add (and −inf − −inf is NaN)
     double added = 0.0;
     for (int i = 0; i < n; ++i) added += exp2f((x[i] - new_max) * kLog2e);
-    sum = sum * exp2f((max - new_max) * kLog2e) + added;  // NaN logits reach the sum, and so the loss
+    sum = rescaled(new_max) + added;
     max = new_max;
   }
 
   __device__ void merge(float other_max, double other_sum) {
-    const float new_max = fmaxf(max, other_max);
+    const float new_max = max_of(max, other_max);
     if (new_max == -INFINITY) return;
-    sum = sum * exp2f((max - new_max) * kLog2e) + other_sum * exp2f((other_max - new_max) * kLog2e);
+    const double other = other_max == new_max ? other_sum : other_sum * exp2f((other_max - new_max) * kLog2e);
+    sum = rescaled(new_max) + other;
     max = new_max;
   }
 };

@@ -77,17 +77,21 @@ bool aligned(std::initializer_list<const void*> pointers) {
   return true;
 }
 
-// Enough blocks to fill the GPU several times over; each thread strides through the rest.
-unsigned blocks_for(int64_t count) {
-  const int64_t wanted = (count + kThreads - 1) / kThreads;
+// A thread for each pack and each element after the packs, up to enough blocks to fill the GPU
+// several times over; each thread strides through the rest.
+template <typename T>
+unsigned blocks_for(int64_t count, bool packed) {
+  const int64_t size = Pack<T>::kSize, items = packed ? count / size + count % size : count;
+  const int64_t wanted = (items + kThreads - 1) / kThreads;
   return static_cast<unsigned>(wanted < 65536 ? wanted : 65536);
 }
 
 template <typename T>
 cudaError_t forward(const void* gate, const void* up, void* out, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  swiglu_forward_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
-      static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), count, aligned({gate, up, out}));
+  const bool packed = aligned({gate, up, out});
+  swiglu_forward_kernel<T><<<blocks_for<T>(count, packed), kThreads, 0, stream>>>(
+      static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), count, packed);
   return cudaGetLastError();
 }
 
@@ -95,9 +99,10 @@ template <typename T>
 cudaError_t backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up,
                      int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  swiglu_backward_kernel<T><<<blocks_for(count), kThreads, 0, stream>>>(
+  const bool packed = aligned({grad_out, gate, up, grad_gate, grad_up});
+  swiglu_backward_kernel<T><<<blocks_for<T>(count, packed), kThreads, 0, stream>>>(
       static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up),
-      static_cast<T*>(grad_gate), static_cast<T*>(grad_up), count, aligned({grad_out, gate, up, grad_gate, grad_up}));
+      static_cast<T*>(grad_gate), static_cast<T*>(grad_up), count, packed);
   return cudaGetLastError();
 }
 
