@@ -31,6 +31,9 @@ stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" 
 grep -E "CUDA: |NCCL backend" "$log" | tail -1
 stage "ctest gpu" ctest --test-dir "$build" -L gpu --output-on-failure -j 2
 stage "bench step (1B, bf16)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results" bench/compare_pytorch.sh
+# What dstrain's own kernels gain: the 4 x 2 step again with LibTorch's operations instead.
+stage "bench step, LibTorch ops" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
+  --train.cuda_kernels false --bench.json "$results/step_mb4_ga2_no_kernels.json"
 stage "bench step micro_batch 8" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
   --train.micro_batch 8 --train.grad_accum 1 --bench.json "$results/step_mb8.json"
 stage "pytorch eager micro_batch 8" python3 bench/pytorch_reference.py --config input/deepseek-llm-1b.ini \

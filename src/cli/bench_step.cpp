@@ -6,10 +6,12 @@
 #include <random>
 
 #include "bench.h"
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/train/trainer.h"
@@ -74,9 +76,12 @@ nlohmann::json step(Options o) {
 
   const ModelConfig model = read_model_config(o);
   const int64_t seq = o.get_int("train.seq_len", 1);
+  const std::string device = o.raw("train.device");
+  const bool on_gpu = device == "cuda" || (device == "auto" && accel::device_count() > 0);
   nlohmann::json out = {{"bench", "step"},
                         {"ranks", world_size},
                         {"precision", o.raw("train.precision")},
+                        {"cuda_kernels", cuda_kernels_enabled() && on_gpu},  // dstrain's own: built, on, used
                         {"params", count_parameters(model).total},
                         {"seq_len", seq},
                         {"flops_per_token", training_flops_per_token(model, seq)},

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda/launch.h"
+#include "dstrain/model/cuda_kernels.h"
 #endif
 
 namespace dstrain {
@@ -96,7 +97,7 @@ RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta,
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   const int64_t seq = x.size(2), d = x.size(3);
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
-  if (fused_kernel_applies(x, tables.cos, tables.sin))
+  if (cuda_kernels_enabled() && fused_kernel_applies(x, tables.cos, tables.sin))
     return FusedRope::apply(x, tables.cos.narrow(0, 0, seq), tables.sin.narrow(0, 0, seq), tables.interleave);
 #endif
   torch::Tensor cos = tables.cos.narrow(0, 0, seq).to(x.dtype());

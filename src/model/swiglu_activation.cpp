@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda/launch.h"
+#include "dstrain/model/cuda_kernels.h"
 #endif
 
 namespace dstrain {
@@ -49,7 +50,7 @@ bool fused_kernel_applies(const torch::Tensor& gate, const torch::Tensor& up) {
 
 torch::Tensor swiglu_activation(const torch::Tensor& gate, const torch::Tensor& up) {
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
-  if (fused_kernel_applies(gate, up)) return FusedSwiGLU::apply(gate, up);
+  if (cuda_kernels_enabled() && fused_kernel_applies(gate, up)) return FusedSwiGLU::apply(gate, up);
 #endif
   return torch::silu(gate) * up;
 }

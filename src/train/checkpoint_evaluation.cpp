@@ -12,6 +12,7 @@
 #include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/partition.h"
@@ -56,6 +57,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
     if (batches == 0) batches = available;
   });
   torch::set_num_threads(c.loop.threads);
+  enable_cuda_kernels(c.loop.cuda_kernels);
   DevicePlacement placement;
   std::string backend;
   agreed_phase(world_rank, [&] {

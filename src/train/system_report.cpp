@@ -13,6 +13,7 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/model/cuda_kernels.h"
 #ifdef DSTRAIN_WITH_NCCL
 #include <nccl.h>
 #endif
@@ -95,7 +96,8 @@ std::string system_report() {
     report += std::string(i == 0 ? "; GPUs: " : ", ") + std::to_string(i) + " " + accel::device_name(i) + " " +
               gib(static_cast<double>(accel::device_total_memory(i)));
   report += std::string("\nLibTorch ") + TORCH_VERSION + ", MPI " + mpi_version() + ", NCCL " + nccl_version() +
-            ", HDF5 " + hdf5_version() + ", CUDA " + cuda_version();
+            ", HDF5 " + hdf5_version() + ", CUDA " + cuda_version() +
+            (cuda_kernels_built() ? " with dstrain's kernels" : "");
   return report;
 }
 

@@ -32,6 +32,9 @@ void add_loop_options(OptionTable& t) {
   t.add("train.precision", OptionKind::kString, "fp32",
         "parameters and activations: fp32, bf16 or fp16 (fp32 master weights and optimizer state; "
         "fp16 with dynamic loss scaling)");
+  t.add("train.cuda_kernels", OptionKind::kBool, "true",
+        "dstrain's own fused CUDA kernels (LM loss softmax, SwiGLU, RoPE) on GPUs where built; "
+        "false: LibTorch's operations");
   t.add("train.peak_tflops", OptionKind::kFloat, "0",
         "peak TFLOP/s of one device for MFU (0: known A100/H100/H200 figures; no MFU otherwise)");
 }
@@ -79,6 +82,7 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
   c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
+  c.cuda_kernels = o.get_bool("train.cuda_kernels");
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +

@@ -24,6 +24,7 @@
 #include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/optim/adamw.h"
@@ -183,6 +184,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
                  const DevicePlacement& placement, const std::string& resume, const std::string& weights)
     : config_(c), parallel_(parallel), placement_(placement), is_reporting_rank_(parallel.world_rank == 0) {
   torch::set_num_threads(c.loop.threads);
+  enable_cuda_kernels(c.loop.cuda_kernels);
   train_data_ = open_mixture(c.data.train, "data.train");
   if (!c.data.valid.empty()) valid_corpus_ = std::make_shared<CorpusReader>(c.data.valid);
   for (const auto& corpus : {train_data_.corpora.front(), valid_corpus_}) {  // the mixture shares one vocabulary

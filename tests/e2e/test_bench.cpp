@@ -36,6 +36,7 @@ TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
   const nlohmann::json result = read_json(dir + "/step.json");
   EXPECT_EQ(result["bench"], "step");
   EXPECT_EQ(result["ranks"], 2);
+  EXPECT_EQ(result["cuda_kernels"], false);  // on the CPU, LibTorch's operations whatever was built
   EXPECT_GT(result["tokens_per_s"].get<double>(), 0.0);
   EXPECT_GT(result["params"].get<double>(), 0.0);
   EXPECT_GT(result["flops_per_token"].get<double>(), 6.0 * result["params"].get<double>() * 0.5);

@@ -30,6 +30,7 @@ struct LoopConfig {
   std::string device = "auto";     // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   double peak_tflops = 0;          // 0: known figures by GPU name
+  bool cuda_kernels = true;        // dstrain's own, where built (model/cuda_kernels.h)
 };
 
 struct DataConfig {
