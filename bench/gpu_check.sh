@@ -3,6 +3,8 @@
 # benchmarks and the PyTorch comparison, then the CPU test suite against this LibTorch. Everything
 # goes to RESULTS_DIR/gpu_check.log (JSON figures beside it); the end of the output is a summary.
 #   bench/gpu_check.sh RESULTS_DIR [cmake arguments: where LibTorch, MPI, HDF5, NCCL are]
+# BUILD_DIR keeps the build between runs; GPU_CHECK_ONLY (a regular expression over the stage
+# names below) runs just those stages after the build, to split the whole into shorter runs.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 results=${1:?usage: bench/gpu_check.sh RESULTS_DIR [cmake arguments]}
@@ -14,6 +16,7 @@ summary=()
 stage() {  # stage NAME COMMAND...: runs it, logs it, remembers how it ended
   local name=$1 started=$SECONDS
   shift
+  if [[ -n ${GPU_CHECK_ONLY:-} && ! $name =~ ^(configure|build) && ! $name =~ $GPU_CHECK_ONLY ]]; then return 0; fi
   echo "=== $name: $*" >>"$log"
   "$@" >>"$log" 2>&1
   local rc=$?
@@ -26,8 +29,13 @@ cd "$root"
   # Which attention kernel LibTorch picks for the 1B preset's shapes (bf16, 16 heads of 128, 2048 positions, causal).
   python3 -c 'import torch; q = torch.randn(4, 16, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True); print("sdpa backend for the 1B shapes:", torch._fused_sdp_choice(q, q, q, is_causal=True), [(b.name, int(b.value)) for b in torch.nn.attention.SDPBackend.__members__.values()])'
 } >>"$log" 2>&1
-stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
-  stage build cmake --build "$build" -j "$(nproc)" || { tail -60 "$log"; printf '%s\n' "${summary[@]}"; exit 1; }
+# Should dstrain's own CUDA kernels not build here, the rest is still worth measuring without them.
+{ stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
+    stage build cmake --build "$build" -j "$(nproc)"; } ||
+  { stage "configure, no kernels" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
+      -DDSTRAIN_CUDA_KERNELS=OFF &&
+      stage "build, no kernels" cmake --build "$build" -j "$(nproc)"; } ||
+  { tail -60 "$log"; printf '%s\n' "${summary[@]}"; exit 1; }
 grep -E "CUDA: |NCCL backend" "$log" | tail -1
 stage "ctest gpu" ctest --test-dir "$build" -L gpu --output-on-failure -j 2
 stage "bench step (1B, bf16)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results" bench/compare_pytorch.sh
