@@ -28,8 +28,8 @@ torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, in
   torch::Tensor losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
   // On a GPU: one kernel, one block a row, no fp32 copies (src/model/cuda/softmax_cross_entropy.cu).
-  if (cuda_kernels_enabled() && cuda::element_of(logits) && logits.stride(1) == 1 && targets.scalar_type() == torch::kInt64 &&
-      targets.device() == logits.device()) {
+  if (cuda_kernels_enabled() && cuda::element_of(logits) && logits.stride(1) == 1 &&
+      targets.scalar_type() == torch::kInt64 && targets.device() == logits.device()) {
     const c10::cuda::CUDAGuard guard(logits.device());
     const torch::Tensor dense_targets = targets.contiguous();
     C10_CUDA_CHECK(cuda::softmax_cross_entropy(logits.data_ptr(), *cuda::element_of(logits), rows, vocab,
