@@ -50,7 +50,9 @@ GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<tor
   for (const torch::Tensor& p : order) {
     if (buckets_.empty() || buckets_.back().length >= bucket_elements) {
       close_bucket();
-      buckets_.push_back({offset, 0});
+      buckets_.emplace_back();
+      buckets_.back().start = offset;
+      buckets_.back().first_slot = slots_.size();
     }
     Bucket& bucket = buckets_.back();
     bucket.length += p.numel();
@@ -99,8 +101,11 @@ GradientBuffer::~GradientBuffer() {
 }
 
 void GradientBuffer::zero() {
-  flat_.zero_();
-  for (Slot& s : slots_) s.arrivals = 0;
+  for (Slot& s : slots_) {
+    if (!s.added_in) s.view.zero_();  // autograd adds into it; added-in views are copied over
+    s.arrivals = 0;
+    s.written = false;
+  }
   for (Bucket& b : buckets_) b.ready = 0;
   next_launch_ = 0;
 }
@@ -111,7 +116,13 @@ void GradientBuffer::on_gradient(size_t index) {
   Slot& slot = slots_[index];
   if (slot.added_in) {
     torch::Tensor& grad = slot.param.mutable_grad();
-    if (grad.defined()) slot.view.add_(grad);
+    if (grad.defined()) {
+      if (slot.written)
+        slot.view.add_(grad);
+      else
+        slot.view.copy_(grad);  // the step's first: what the view held is the last step's
+      slot.written = true;
+    }
     grad = torch::Tensor();  // the next backward pass hands over a fresh one
   }
   const bool averaging = reduction_.dp_group && reduction_.dp_group->size() > 1;
@@ -127,7 +138,17 @@ void GradientBuffer::on_gradient(size_t index) {
     launch(buckets_[next_launch_++]);
 }
 
+void GradientBuffer::zero_unwritten(const Bucket& bucket) {
+  for (size_t i = bucket.first_slot; i < bucket.first_slot + bucket.slots; ++i) {
+    Slot& slot = slots_[i];
+    if (!slot.added_in || slot.written) continue;
+    slot.view.zero_();
+    slot.written = true;
+  }
+}
+
 void GradientBuffer::launch(Bucket& bucket) {
+  zero_unwritten(bucket);
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   bucket.wire = reduction_.wire_dtype == torch::kFloat32 ? region : region.to(reduction_.wire_dtype);
   if (!sharded_) {
@@ -139,9 +160,12 @@ void GradientBuffer::launch(Bucket& bucket) {
 }
 
 void GradientBuffer::reduce() {
-  if (!reduction_.dp_group || reduction_.dp_group->size() == 1) return;
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!reduction_.dp_group || reduction_.dp_group->size() == 1) {
+    for (const Bucket& b : buckets_) zero_unwritten(b);
+    return;
+  }
   // Buckets not started yet (no overlap, a parameter without a gradient this step, or hooks on
   // another thread with MPI), in buffer order; then every one completed in the same order.
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);

@@ -108,6 +108,34 @@ TEST(GradientBuffer, EveryWayOfReducingGivesTheSameAverage) {
   EXPECT_LT(((plain - sixteen_bits).norm() / plain.norm()).item<double>(), 1e-2);
 }
 
+// bf16 gradients are copied into the buffer by their step's first arrival instead of added to a
+// zeroed buffer: a step that leaves some parameters without a gradient must still average zeros
+// for them, not what the last step left, whole or sharded.
+TEST(GradientBuffer, ParametersWithoutAGradientThisStepAverageZero) {
+  for (bool shard : {false, true}) {
+    torch::manual_seed(7);
+    Stack model(torch::kBFloat16);
+    MpiCommunicator dp(MPI_COMM_WORLD);
+    GradientBuffer buffer(model.named, model.weights, {&dp, torch::kFloat32, 2 * 16 * 16 * 4, true, 1, shard});
+    buffer.zero();
+    model.loss(inputs(dp.rank(), 0)).backward();
+    buffer.reduce();
+    buffer.zero();  // the next step uses the first three layers only
+    torch::Tensor h = inputs(dp.rank(), 1);
+    for (size_t i = 0; i < 3; ++i) h = torch::tanh(h.matmul(model.weights[i].to(torch::kFloat32)));
+    h.pow(2).sum().backward();
+    buffer.reduce();
+    for (const ParameterShard& s : buffer.shards()) {
+      const bool used = s.name < "layer.3";
+      const float largest = s.grad.abs().max().item<float>();
+      if (used)
+        EXPECT_GT(largest, 0.0f) << s.name << (shard ? " sharded" : "");
+      else
+        EXPECT_EQ(largest, 0.0f) << s.name << (shard ? " sharded" : "");
+    }
+  }
+}
+
 // ZeRO-1: each rank reduce-scatters the buckets, updates its shard of the parameters with AdamW
 // and all-gathers the rest; after every step the parameters equal those of the unsharded AdamW
 // on the all-reduced gradients, and the ranks' optimizer state together is exactly the whole.

@@ -121,25 +121,33 @@ TEST(GradientBuffer, Bf16GradientsAreSummedInFp32) {
     (w.sum() * scale).backward();
     EXPECT_FALSE(w.grad().defined());  // added to the buffer and freed as soon as autograd made it
   }
+  buffer.reduce();
   EXPECT_EQ(buffer.grads()[0].scalar_type(), torch::kFloat32);
   EXPECT_FLOAT_EQ(buffer.grads()[0][0].item<float>(), 1.0f + std::ldexp(1.0f, -9));
   torch::Tensor bf16_sum = torch::ones({}, torch::kBFloat16) + torch::full({}, std::ldexp(1.0, -9), torch::kBFloat16);
   EXPECT_EQ(bf16_sum.item<float>(), 1.0f);  // what accumulating in bf16 would have given
 }
 
-// A new step starts from zero, also for a parameter that the step's first micro-batch does not use.
+// A new step starts from zero, also for a parameter that the step's first micro-batch does not
+// use, and for one that the whole step does not use (the buffer is read after reduce()).
 TEST(GradientBuffer, EachStepStartsFromZero) {
   torch::Tensor used = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
   torch::Tensor sometimes = torch::ones({2}, torch::dtype(torch::kBFloat16).requires_grad(true));
   GradientBuffer buffer({{"sometimes", sometimes}, {"used", used}}, {used, sometimes});
   (used.sum() * 3 + sometimes.sum() * 5).backward();
+  buffer.reduce();
   EXPECT_EQ(buffer.grads()[0][0].item<float>(), 5.0f);
   buffer.zero();
   (used.sum() * 2).backward();  // `sometimes` unused in the step's first micro-batch
-  EXPECT_EQ(buffer.grads()[0][0].item<float>(), 0.0f);
   (used.sum() + sometimes.sum() * 7).backward();
+  buffer.reduce();
   EXPECT_EQ(buffer.grads()[0][0].item<float>(), 7.0f);
   EXPECT_EQ(buffer.grads()[1][0].item<float>(), 3.0f);
+  buffer.zero();
+  (used.sum() * 4).backward();  // `sometimes` unused all step: zero, not the last step's 7
+  buffer.reduce();
+  EXPECT_EQ(buffer.grads()[0][0].item<float>(), 0.0f);
+  EXPECT_EQ(buffer.grads()[1][0].item<float>(), 4.0f);
 }
 
 TEST(Gradients, GlobalNormAndClipping) {

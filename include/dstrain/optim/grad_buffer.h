@@ -5,7 +5,9 @@
 // fp32 parameters accumulate straight into it: their .grad is a view of the buffer, and autograd
 // adds into an existing .grad in place. bf16/fp16 parameters get a fresh .grad from each backward
 // pass, which is added in (and freed) as soon as autograd has made it, so that summing
-// micro-batches never rounds to 16 bits.
+// micro-batches never rounds to 16 bits; a step's first one is copied in, so that their part of
+// the buffer needs no zeroing pass (one write and one read of 4 bytes a parameter less per step).
+// Those that get no gradient in a step are zeroed before anything reads them.
 //
 // The buffer is laid out in the order in which the backward pass finishes the parameters (the
 // reverse of their use) and averaged over the DP group in buckets of about `bucket_bytes`: with
@@ -56,8 +58,8 @@ class GradientBuffer {
   GradientBuffer& operator=(const GradientBuffer&) = delete;
 
   void zero();    // before a step's first backward pass
-  // After its last: the average over the DP group, complete (no-op without one); sharded, only
-  // this rank's shard of the buffer holds it.
+  // After its last, always: the average over the DP group, complete (without one, the sum as
+  // it is); sharded, only this rank's shard of the buffer holds it.
   void reduce();
 
   torch::Tensor& flat() { return flat_; }
@@ -84,10 +86,11 @@ class GradientBuffer {
     bool added_in;              // bf16/fp16: its .grad is added to the view by the hook
     size_t bucket;
     int64_t arrivals = 0;       // gradients received this step
+    bool written = false;       // added in: the view holds this step's gradient (else stale)
   };
   struct Bucket {
     int64_t start = 0, length = 0;  // elements of flat_ (sharded: a multiple of the DP size)
-    size_t slots = 0, ready = 0;
+    size_t first_slot = 0, slots = 0, ready = 0;
     torch::Tensor wire;             // what travels (flat_'s range, or a 16-bit copy)
     torch::Tensor shard;            // sharded: this rank's averaged part of it
     std::unique_ptr<Work> work;
@@ -95,6 +98,7 @@ class GradientBuffer {
   friend class GradientArrivalHook;
   void on_gradient(size_t slot);  // after the parameter's gradient accumulator has run
   void launch(Bucket& bucket);
+  void zero_unwritten(const Bucket& bucket);  // added-in views that got no gradient this step
   int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.dp_group->size(); }
   int64_t shard_start(const Bucket& bucket) const {
     return bucket.start + reduction_.dp_group->rank() * shard_length(bucket);
