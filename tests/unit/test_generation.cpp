@@ -111,7 +111,13 @@ void expect_greedy_matches_decoding_without_cache(CausalLM model) {
 
 }  // namespace
 
+// Cached and full passes multiply matrices of other shapes, so in other summation orders: in
+// fp32 their logits differ by up to ~5e-5 (seen over hundreds of random prompts), while a cache
+// that loses or misplaces a position changes them by orders of magnitude more.
+constexpr double kCachedLogitsTolerance = 1e-4;
+
 TEST(Generation, CachedLogitsEqualTheFullForwardPass) {
+  torch::manual_seed(21);  // the prompts: LibTorch seeds its default generator at random
   for (bool interleave : {false, true}) {
     for (int64_t kv_heads : {4, 2}) {
       CausalLM model = random_model(interleave, kv_heads);
@@ -128,7 +134,7 @@ TEST(Generation, CachedLogitsEqualTheFullForwardPass) {
       for (int64_t i = 5; i < 9; ++i) pieces.push_back(decoder.forward(ids.narrow(1, i, 1), cache));
       pieces.push_back(decoder.forward(ids.narrow(1, 9, 3), cache));
       EXPECT_EQ(cache.length, 12);
-      EXPECT_TRUE(torch::allclose(torch::cat(pieces, 1), full, 1e-4, 1e-5))
+      EXPECT_TRUE(torch::allclose(torch::cat(pieces, 1), full, 1e-4, kCachedLogitsTolerance))
           << "interleave " << interleave << ", kv heads " << kv_heads << ": max difference "
           << (torch::cat(pieces, 1) - full).abs().max().item<double>();
     }
@@ -193,6 +199,7 @@ TEST(Sampling, SeedsTopKAndTopP) {
 }
 
 TEST(Generation, LatentAttentionAndMoECachedLogitsEqualTheFullForwardPass) {
+  torch::manual_seed(22);
   for (int64_t q_lora_rank : {0, 24}) {
     CausalLM model = latent_moe_model(q_lora_rank);
     const ModelConfig& c = model->config();
@@ -222,7 +229,7 @@ TEST(Generation, LatentAttentionAndMoECachedLogitsEqualTheFullForwardPass) {
     const torch::Tensor cached = torch::cat(pieces, 1);
     ASSERT_EQ(cached.sizes(), full.sizes());
     for (int64_t position = 0; position < 20; ++position)
-      EXPECT_TRUE(torch::allclose(cached[0][position], full[0][position], 1e-4, 1e-5))
+      EXPECT_TRUE(torch::allclose(cached[0][position], full[0][position], 1e-4, kCachedLogitsTolerance))
           << "q_lora_rank " << q_lora_rank << ", position " << position << ": max difference "
           << (cached[0][position] - full[0][position]).abs().max().item<double>();
     // Eval mode: decoding counted no expert load (which would move the balancing bias).
@@ -253,6 +260,7 @@ TEST(Generation, MultiTokenPredictionModulesTakeNoPart) {
     ASSERT_GT(poisoned, 0);
   }
   CachedDecoder decoder(model);
+  torch::manual_seed(23);
   const torch::Tensor ids = torch::randint(0, c.vocab_size, {1, 8}, torch::kLong);
   KvCache cache = decoder.empty_cache();
   EXPECT_EQ(cache.layers.size(), static_cast<size_t>(c.num_layers));
