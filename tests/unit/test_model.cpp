@@ -43,6 +43,7 @@ TEST(Model, ShapesAndHuggingFaceNames) {
 }
 
 TEST(Model, ChangingALaterTokenNeverChangesAnEarlierLogit) {
+  torch::manual_seed(31);  // reproducible inputs (the default generator starts at random)
   ModelConfig c = small_config();
   CausalLM model(c, LayerSlice::whole(c));
   initialize_parameters(*model, c, 7);
@@ -60,6 +61,7 @@ TEST(Model, ChangingALaterTokenNeverChangesAnEarlierLogit) {
 
 // RoPE against the textbook formula, element by element, for both layouts.
 TEST(Model, RopeMatchesTheDirectFormula) {
+  torch::manual_seed(32);  // reproducible inputs (the default generator starts at random)
   const int64_t seq = 7, d = 8;
   const double theta = 500.0;
   torch::Tensor x = torch::randn({1, 2, seq, d}, torch::kFloat64).to(torch::kFloat32);
@@ -83,6 +85,7 @@ TEST(Model, RopeMatchesTheDirectFormula) {
 
 // Grouped-query attention against a loop over heads with explicit softmax and causal mask.
 TEST(Model, AttentionMatchesAnExplicitPerHeadComputation) {
+  torch::manual_seed(33);  // reproducible inputs (the default generator starts at random)
   ModelConfig c = small_config();
   Attention attention(c);
   torch::NoGradGuard no_grad;

@@ -18,6 +18,7 @@ torch::Tensor no_inf() { return torch::zeros({}); }
 // AdamW on every element against the update written out in scalar arithmetic, with a gradient
 // divisor (clipping's) on some steps.
 TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
+  torch::manual_seed(34);  // reproducible inputs (the default generator starts at random)
   torch::Tensor matrix = torch::randn({3, 4}, torch::kFloat64).to(torch::kFloat32);
   torch::Tensor norm = torch::randn({4}, torch::kFloat64).to(torch::kFloat32);
   torch::Tensor matrix0 = matrix.clone(), norm0 = norm.clone();
@@ -54,6 +55,7 @@ TEST(AdamW, MatchesTheScalarFormulaOverSeveralSteps) {
 // trajectory, and each bf16 parameter is its master rounded (updates smaller than bf16's
 // spacing accumulate in the master instead of vanishing).
 TEST(AdamW, Bf16ParametersFollowFp32MasterWeights) {
+  torch::manual_seed(35);  // reproducible inputs (the default generator starts at random)
   torch::Tensor start = torch::randn({8, 8});
   torch::Tensor fp32 = start.clone(), bf16 = start.to(torch::kBFloat16);
   AdamW reference(NamedTensors{{"w", fp32}}, {}), mixed(NamedTensors{{"w", bf16}}, {});
@@ -75,6 +77,7 @@ TEST(AdamW, Bf16ParametersFollowFp32MasterWeights) {
 }
 
 TEST(AdamW, StepWithNonFiniteGradientsChangesNothing) {
+  torch::manual_seed(36);  // reproducible inputs (the default generator starts at random)
   torch::Tensor w = torch::randn({4, 4});
   AdamW adam(NamedTensors{{"w", w}}, {});
   adam.step(0.1, {torch::randn({4, 4})}, no_inf());
