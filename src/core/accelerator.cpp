@@ -54,6 +54,12 @@ void set_current_device(int index) { c10::cuda::set_device(static_cast<c10::Devi
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) c10::cuda::device_synchronize();
 }
+HostSyncForbidden::HostSyncForbidden(bool active) : active_(active) {
+  if (active_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+}
+HostSyncForbidden::~HostSyncForbidden() {
+  if (active_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+}
 // Index 0 of each statistic array is the aggregate over every pool.
 int64_t peak_allocated_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return host_peak_resident_bytes();
@@ -65,6 +71,8 @@ std::string device_uuid(int) { return std::string(16, '\0'); }
 int64_t device_total_memory(int) { return 0; }
 void set_current_device(int) {}
 void synchronize(const torch::Device&) {}
+HostSyncForbidden::HostSyncForbidden(bool active) : active_(active) {}
+HostSyncForbidden::~HostSyncForbidden() = default;
 int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
 #endif
 

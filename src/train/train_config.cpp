@@ -52,6 +52,8 @@ void add_debug_options(OptionTable& t) {
   t.add("debug.fail_mode", OptionKind::kString, "kill",
         "tests: kill (SIGKILL), kill_in_save (SIGKILL while writing a checkpoint saved at that step), "
         "sigterm (as Slurm before a time limit), hang (stops answering), nan (its gradients become NaN)");
+  t.add("debug.forbid_host_sync", OptionKind::kBool, "false",
+        "tests (CUDA): a training step that makes the host wait for the GPU fails the run, naming the operation");
 }
 
 void add_log_options(OptionTable& t) {
@@ -166,6 +168,7 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.debug.fail_at_step = o.get_int("debug.fail_at_step", 0);
   c.debug.fail_rank = static_cast<int>(o.get_int("debug.fail_rank", 0, world_size - 1));
   c.debug.fail_mode = o.get_choice("debug.fail_mode", {"kill", "kill_in_save", "sigterm", "hang", "nan"});
+  c.debug.forbid_host_sync = o.get_bool("debug.forbid_host_sync");
   return c;
 }
 

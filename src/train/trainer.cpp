@@ -594,7 +594,13 @@ TrainResult Trainer::run() {
   ProgressLine progress(start_step_, steps, static_cast<double>(config_.loop.global_batch * config_.loop.seq_len));
   for (int64_t step = start_step_ + 1; step <= steps; ++step) {
     inject_fault(step);
-    StepTensors tensors = train_step(step);
+    StepTensors tensors;
+    {
+      // Without host synchronisation the host queues the next step's kernels while the GPU runs
+      // this one's; the log interval below is where it waits.
+      accel::HostSyncForbidden no_waiting(config_.debug.forbid_host_sync && placement_.device.is_cuda());
+      tensors = train_step(step);
+    }
     ++interval.steps;
     progress.step_done(step);
     const bool log_due = step % config_.log.interval == 0 || step == steps;

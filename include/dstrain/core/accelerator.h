@@ -25,6 +25,21 @@ void set_current_device(int index);
 // Waits for every kernel queued on `device` (a no-op on the CPU).
 void synchronize(const torch::Device& device);
 
+// While one is alive, a LibTorch operation that would make the host wait for the GPU (reading a
+// scalar, a blocking copy to the host, synchronising a stream or the device) throws instead: how
+// a test shows that a training step queues its work without waiting for any of it. LibTorch's
+// switch is one for the process, so one at a time; nothing happens without CUDA or when inactive.
+class HostSyncForbidden {
+ public:
+  explicit HostSyncForbidden(bool active);
+  ~HostSyncForbidden();
+  HostSyncForbidden(const HostSyncForbidden&) = delete;
+  HostSyncForbidden& operator=(const HostSyncForbidden&) = delete;
+
+ private:
+  bool active_;
+};
+
 // Peak memory on `device` so far: on a GPU the bytes held by tensors (the caching
 // allocator's count); on the CPU, which has no such counter, the process's peak resident memory
 // (libraries and the rest of the process included).

@@ -46,6 +46,7 @@ struct DebugConfig {
   int64_t fail_at_step = 0;  // 0: never
   int fail_rank = 0;
   std::string fail_mode = "kill";
+  bool forbid_host_sync = false;  // accel::HostSyncForbidden around each training step
 };
 
 struct LogConfig {
