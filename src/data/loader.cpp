@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 
 namespace dstrain {
@@ -57,7 +58,7 @@ torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
   const uint64_t rows = options_.layout.micro_batch, width = options_.seq_len + 1;
   std::vector<uint32_t> tokens(width);
   torch::Tensor batch = torch::empty({static_cast<int64_t>(rows), static_cast<int64_t>(width)},
-                                     torch::dtype(torch::kInt64).pinned_memory(options_.pin_memory));
+                                     torch::dtype(torch::kInt64).pinned_memory(options_.pinned_for_gpu >= 0));
   int64_t* out = batch.data_ptr<int64_t>();
   for (uint64_t row = 0; row < rows; ++row) {
     const MixedSampler::Pick pick = sampler_.pick(options_.layout.position(step, micro, row));
@@ -81,6 +82,10 @@ void DataLoader::prefetch_loop() {
   for (uint64_t produced = 0;; ++produced) {
     torch::Tensor batch;
     try {
+      // A new thread's CUDA calls go to GPU 0, and LibTorch's pinned-memory allocator makes some
+      // (it queries the events of earlier copies): without this, every rank of a node would open
+      // a context on GPU 0, ~0.5 GiB each.
+      if (produced == 0 && options_.pinned_for_gpu >= 0) accel::set_current_device(options_.pinned_for_gpu);
       batch = read_micro_batch(start_step_ + produced / grad_accum, produced % grad_accum);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);

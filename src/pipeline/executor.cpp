@@ -41,7 +41,10 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
     set_auxiliary_loss_gradient_scale(loss_scale.defined() ? factor * loss_scale : factor);
   }
   const int64_t seq = shape_.seq_len;
-  const accel::Timestamp step_start = accel::Timestamp::now(device);
+  // The pipeline's bubble, which the log reports for training steps with pp > 1; without that
+  // the events would pile up unread.
+  const bool timed = training && pp_group_.size() > 1;
+  const accel::Timestamp step_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(training ? torch::kFloat32 : torch::kFloat64).device(device));
   const double mtp_weight = chunks_.front()->config().mtp_loss_weight;
   mtp_loss_ = training && has_loss() && chunks_.front()->config().num_nextn_predict_layers > 0
@@ -88,9 +91,9 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
       group.push_back(std::move(t));
       const bool group_ends = i + 1 == actions.size() || actions[i + 1].is_compute();
       if (group_ends) {
-        const accel::Timestamp wait_start = accel::Timestamp::now(device);
+        const accel::Timestamp wait_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
         pp_group_.exchange(group);
-        waits_.emplace_back(wait_start, accel::Timestamp::now(device));
+        if (timed) waits_.emplace_back(wait_start, accel::Timestamp::now(device));
         for (size_t r = 0, g = 0; g < group.size(); ++g) {
           if (group[g].send) continue;
           const auto& [receive_key, activation] = group_receives[r++];
@@ -139,7 +142,7 @@ torch::Tensor PipelineExecutor::run(const Schedule& schedule, const BatchSource&
   }
   if (!inputs_.empty() || !outputs_.empty() || !received_grads_.empty())
     throw Error(ExitCode::kInternal, "pipeline: the schedule left activations behind on stage " + std::to_string(stage_));
-  steps_.emplace_back(step_start, accel::Timestamp::now(device));
+  if (timed) steps_.emplace_back(step_start, accel::Timestamp::now(device));
   return loss_sum;
 }
 

@@ -99,7 +99,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   loader.seed = c.run.seed;
   loader.model_vocab = static_cast<uint64_t>(c.model.vocab_size);
   loader.prefetch_depth = static_cast<size_t>(c.data.prefetch);
-  loader.pin_memory = placement.device.is_cuda();
+  loader.pinned_for_gpu = placement.device.is_cuda() ? placement.device.index() : -1;
 
   CheckpointEvaluation result;
   try {

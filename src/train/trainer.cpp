@@ -262,7 +262,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
   loader_options_.seed = c.run.seed;
   loader_options_.model_vocab = c.model.vocab_size;
   loader_options_.prefetch_depth = c.data.prefetch;
-  loader_options_.pin_memory = device.is_cuda();
+  loader_options_.pinned_for_gpu = device.is_cuda() ? device.index() : -1;
   corpus_fingerprint_ = train_data_.fingerprint();
   checkpoints_ = std::make_unique<CheckpointWriter>(c.ckpt.dir, RetentionPolicy{c.ckpt.keep_last, c.ckpt.keep_every},
                                                     parallel);

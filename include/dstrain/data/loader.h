@@ -23,7 +23,7 @@ struct LoaderOptions {
   bool shuffle = true;
   uint64_t model_vocab = 0;   // a token id at or above it is a data error
   size_t prefetch_depth = 4;  // micro-batches read ahead
-  bool pin_memory = false;    // page-locked batches, for asynchronous copies to a GPU
+  int pinned_for_gpu = -1;     // ≥ 0: page-locked batches, for asynchronous copies to this GPU
 };
 
 // Number of samples of seq_len + 1 tokens a corpus of n_tokens holds.

@@ -49,8 +49,8 @@ class PipelineExecutor {
   bool has_loss() const;  // this stage holds the last virtual stage
   bool needs_batches() const;  // ... the first or the last
 
-  // Seconds this stage's device waited for transfers, and the seconds the steps took, since the
-  // last call (synchronises).
+  // Seconds this stage's device waited for transfers, and the seconds the training steps took,
+  // since the last call (synchronises); both 0 with a single stage, which is not timed.
   std::pair<double, double> take_wait_and_span();
 
  private:

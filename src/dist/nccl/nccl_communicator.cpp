@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
@@ -333,6 +334,15 @@ class NcclCommunicator final : public Communicator {
   // with exit code 5 after saying why; the launcher then ends the other ranks.
   void watch() {
     using Clock = std::chrono::steady_clock;
+    // A new thread's CUDA calls go to GPU 0: without this, the event query below would open a
+    // context there (~0.5 GiB) for every rank of the node, and fail where GPUs are in
+    // exclusive-process mode.
+    try {
+      accel::set_current_device(device_.index());
+    } catch (const std::exception& e) {
+      log::error("NCCL watchdog: ", e.what(), "; ending this rank (exit code 5)");
+      std::_Exit(static_cast<int>(ExitCode::kCommunication));
+    }
     Clock::time_point busy_since{};  // when the watchdog first found mutex_ held, if it is
     std::unique_lock<std::mutex> watch_lock(watch_mutex_);
     while (!watch_wake_.wait_for(watch_lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
