@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/data/import.h"
 
@@ -36,7 +37,7 @@ int import_command(const std::vector<std::string>& args) {
       ("tokenizer-name", po::value<std::string>(&options.tokenizer_name), "tokenizer name recorded in the corpus");
   po::variables_map given;
   try {
-    po::store(po::command_line_parser(args).options(description).run(), given);
+    po::store(po::command_line_parser(args).options(description).style(exact_option_names_style()).run(), given);
     po::notify(given);
   } catch (const po::error& e) {
     throw Error(ExitCode::kUsage, std::string("data import: ") + e.what() + " (see dstrain data import --help)");

@@ -108,6 +108,7 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
 
 int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
   PrepOptions options;
+  int64_t threads = 0;  // read signed: Boost takes "-1" for 4294967295 as an unsigned
   po::options_description description("dstrain prep options");
   description.add_options()
       ("help,h", "this help")
@@ -122,7 +123,7 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
        "byte (one token per byte, end-of-document 256), or a Hugging Face tokenizer.json (byte-level BPE)")
       ("eod-token", po::value<std::string>(&options.eod_token),
        "the tokenizer.json token that ends each document (default: <|endoftext|>, <｜end▁of▁sentence｜>, </s> or <eos>)")
-      ("threads", po::value<unsigned>(&options.threads)->default_value(0),
+      ("threads", po::value<int64_t>(&threads)->default_value(0),
        "tokenizing threads per process (0: one per core)")
       ("shuffle", po::bool_switch(&options.shuffle), "shuffle the documents of each split")
       ("seed", po::value<uint64_t>(&options.seed)->default_value(0), "seed of --shuffle")
@@ -130,11 +131,14 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
        "MB of text and tokens in flight per process (inputs of any size stream through it)");
   po::variables_map given;
   try {
-    po::store(po::command_line_parser(args).options(description).run(), given);
+    po::store(po::command_line_parser(args).options(description).style(exact_option_names_style()).run(), given);
     po::notify(given);
   } catch (const po::error& e) {
     throw Error(ExitCode::kUsage, std::string("prep: ") + e.what() + " (see dstrain prep --help)");
   }
+  if (threads < 0 || threads > 1024)
+    throw config_error("--threads", std::to_string(threads), "0 (one per core) to 1024");
+  options.threads = static_cast<unsigned>(threads);
   if (given.count("help")) {
     std::cout << "usage: [mpirun -np N] dstrain prep --input FILE... --output corpus.h5 [--tokenizer tokenizer.json]\n"
                  "       [--valid-fraction F] [--shuffle] [--threads T] [--memory-limit MB]\n\n"

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
@@ -37,7 +38,10 @@ int pipeline_command(const std::vector<std::string>& args) {
   }
   try {
     po::variables_map given;
-    po::store(po::command_line_parser(std::vector<std::string>(args.begin() + 1, args.end())).options(description).run(),
+    po::store(po::command_line_parser(std::vector<std::string>(args.begin() + 1, args.end()))
+                  .options(description)
+                  .style(exact_option_names_style())
+                  .run(),
               given);
     po::notify(given);
   } catch (const po::error& e) {

@@ -173,6 +173,10 @@ std::string Options::to_ini() const {
   return out.str();
 }
 
+int exact_option_names_style() {
+  return po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+}
+
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
   po::options_description description = make_description(table);
   ParsedCommandLine parsed;
@@ -181,7 +185,10 @@ ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector
   std::map<std::string, std::string> given;
   try {
     po::parsed_options options =
-        po::command_line_parser(join_bool_values(table, args)).options(description).run();
+        po::command_line_parser(join_bool_values(table, args))
+            .options(description)
+            .style(exact_option_names_style())
+            .run();
     for (const po::option& option : options.options) {
       if (option.string_key == "help") {
         parsed.help_requested = true;

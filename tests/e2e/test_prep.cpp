@@ -1,5 +1,6 @@
-// `dstrain prep` as users run it: several MPI ranks give the corpus of one process, and an input
-// much larger than --memory-limit goes through in bounded memory.
+// `dstrain prep` as users run it: several MPI ranks give the corpus of one process, an input
+// much larger than --memory-limit goes through in bounded memory, and bad options are refused
+// before anything is written.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -7,6 +8,7 @@
 
 #include <fstream>
 
+#include "dstrain/core/files.h"
 #include "dstrain/data/corpus.h"
 #include "e2e_util.h"
 
@@ -46,6 +48,35 @@ std::pair<int, long> run_measured(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
+  const std::string dir = scratch_dir("prep-bad-options");
+  const std::string text = dir + "/notes.txt";
+  std::ofstream(text) << "a few words to tokenize\n";
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"--input", text, "--output", text}, 2, "--output = " + text + ": is also an input file"},
+      {{"--input", text, "--output", dir + "/out.h5", "--valid-fraction", "0.1", "--valid-output", text}, 2,
+       "--output = " + text + ": is also an input file"},
+      {{"--input", text, "--output", dir + "/out.h5", "--threads", "-1"}, 2, "--threads = -1: 0 (one per core) to 1024"},
+      {{"--input", test_corpus().train, "--output", dir + "/out.h5"}, 3,
+       test_corpus().train + ": an HDF5 file (a corpus?), not text or JSONL to tokenize"},
+      {{"--inpu", text, "--output", dir + "/out.h5"}, 2, "unrecognised option '--inpu'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"prep"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    RunOutput run = run_dstrain(0, args);
+    EXPECT_EQ(run.exit_code, c.exit_code) << run.output;
+    EXPECT_NE(run.output.find(c.expected), std::string::npos) << "expected \"" << c.expected << "\" in:\n" << run.output;
+    EXPECT_FALSE(dstrain::files::exists(dir + "/out.h5"));
+  }
+  EXPECT_EQ(read_text(text), "a few words to tokenize\n");
+}
 
 TEST(Prep, MpiRanksGiveTheCorpusOfOneProcess) {
   const std::string dir = scratch_dir("prep-ranks");

@@ -67,4 +67,9 @@ struct ParsedCommandLine {
 };
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args);
 
+// Boost.Program_options' command-line style without its default guessing of abbreviated names,
+// for every command's parser: `--train.step 5` is an unknown option, not train.steps (an INI file
+// takes no abbreviations either).
+int exact_option_names_style();
+
 }  // namespace dstrain

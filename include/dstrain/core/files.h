@@ -13,6 +13,8 @@ namespace dstrain::files {
 bool is_regular_file(const std::string& path);
 bool is_directory(const std::string& path);
 bool exists(const std::string& path);
+// Both name one existing file (through links or other spellings of the path).
+bool same_file(const std::string& a, const std::string& b);
 // The names in a directory ("." and ".." included); empty when it cannot be read.
 std::vector<std::string> directory_entries(const std::string& dir);
 // Creates `path` and its missing parents; on failure returns false with the reason in `error`.
