@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
+#include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
@@ -19,13 +20,17 @@ namespace dstrain::bench {
 
 namespace {
 
-// Writes bench.ckpt_mb of tensors as one checkpoint under ckpt.dir (then removes it); a row of `rows`.
+// Writes bench.ckpt_mb of tensors as one checkpoint in a directory of its own under ckpt.dir
+// (RUN_DIR/checkpoints unless set, as in training), then removes it; a row of `rows`.
 double checkpoint_write(const Options& o, nlohmann::json& rows) {
   using Clock = std::chrono::steady_clock;
   int world_size = 1;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   ParallelContext parallel = ParallelContext::create(RankGrid(world_size, world_size, 1));
-  const std::string dir = o.get_string("ckpt.dir") + "/bench-io";
+  const std::string dir = read_ckpt_config(o, o.get_string("run.dir")).dir + "/bench-io";
+  // Removed afterwards, so it must be the benchmark's own: rank 0 looks before anyone creates it.
+  const bool exists = parallel.world->broadcast_string(parallel.world_rank == 0 && files::exists(dir) ? "yes" : "", 0) == "yes";
+  if (exists) throw config_error("ckpt.dir", dir, "exists already; remove it or choose another ckpt.dir");
   // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
   // data-parallel ranks of a stage share its parameters and optimizer state.
   const int64_t tensors = std::max<int64_t>(1, o.get_int("bench.ckpt_mb", 1) / 16);

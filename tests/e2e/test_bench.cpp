@@ -2,15 +2,18 @@
 // people: bench/RESULTS.md; nothing here is timed).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "dstrain/core/files.h"
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;
 
-// bench io on 2 ranks: reads the corpus, writes one checkpoint the way training does, removes it.
+// bench io on 2 ranks: reads the corpus, writes one checkpoint the way training does (under
+// ckpt.dir, by default RUN_DIR/checkpoints), removes it.
 TEST(Bench, IoReadsTheCorpusAndWritesACheckpoint) {
   const std::string dir = scratch_dir("bench-io");
-  RunOutput run = run_dstrain(2, {"bench", "io", "--data.train", test_corpus().train, "--ckpt.dir", dir + "/ckpt",
+  RunOutput run = run_dstrain(2, {"bench", "io", "--data.train", test_corpus().train, "--run.dir", dir + "/run",
                                   "--bench.ckpt_mb", "32", "--bench.samples", "100", "--bench.json", dir + "/io.json"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const nlohmann::json result = read_json(dir + "/io.json");
@@ -21,9 +24,24 @@ TEST(Bench, IoReadsTheCorpusAndWritesACheckpoint) {
   EXPECT_EQ(write["ranks"], 2);
   EXPECT_GT(write["mbps"].get<double>(), 0.0);
   EXPECT_LE(write["blocked_seconds"].get<double>(), write["seconds"].get<double>());
-  EXPECT_NE(run.output.find("checkpoint of step 1: " + dir + "/ckpt/bench-io/step_00000001.h5"), std::string::npos)
+  EXPECT_NE(run.output.find("checkpoint of step 1: " + dir + "/run/checkpoints/bench-io/step_00000001.h5"),
+            std::string::npos)
       << run.output;
-  EXPECT_FALSE(dstrain::files::exists(dir + "/ckpt/bench-io"));  // nothing left behind
+  EXPECT_FALSE(dstrain::files::exists(dir + "/run/checkpoints/bench-io"));  // nothing left behind
+}
+
+// The directory it would write in and remove afterwards is refused when it exists already, and
+// left as it was.
+TEST(Bench, IoRefusesADirectoryThatIsNotItsOwn) {
+  const std::string dir = scratch_dir("bench-io-existing");
+  std::string why;
+  ASSERT_TRUE(dstrain::files::make_directories(dir + "/ckpt/bench-io", &why)) << why;
+  { std::ofstream(dir + "/ckpt/bench-io/keep.txt") << "mine\n"; }
+  RunOutput run = run_dstrain(2, {"bench", "io", "--data.train", test_corpus().train, "--ckpt.dir", dir + "/ckpt",
+                                  "--bench.ckpt_mb", "16", "--bench.samples", "10"});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("ckpt.dir = " + dir + "/ckpt/bench-io: exists already"), std::string::npos) << run.output;
+  EXPECT_TRUE(dstrain::files::is_regular_file(dir + "/ckpt/bench-io/keep.txt"));
 }
 
 // bench step on 2 ranks on the CPU: trains the configured model on random tokens and reports
