@@ -6,6 +6,7 @@
 #include <csignal>
 #include <thread>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -86,10 +87,12 @@ struct StepTensors {
   torch::Tensor grad_norm;  // global, before clipping
 };
 
-// Steps since the last log line, timed from the moment the previous one had synchronised.
+// Steps since the last log line, timed from the moment the previous one had synchronised, less
+// the evaluations and checkpoint saves between log lines.
 struct Interval {
   Clock::time_point start = Clock::now();
   int64_t steps = 0;
+  double excluded_seconds = 0;
 };
 
 struct LoggedInterval {
@@ -288,7 +291,9 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     }
   }
 
-  if (is_reporting_rank_) {
+  // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run
+  // directory keeps the configuration and logs of the run that did.
+  if (is_reporting_rank_ && start_step_ < c.loop.steps) {
     std::string why;
     if (!files::make_directories(c.run.dir, &why))
       throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
@@ -369,7 +374,7 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
   parallel_.pp_group->synchronize();
   parallel_.dp_group->synchronize();
   const double loss_value = loss[0].item<double>(), grad_norm = tensors.grad_norm.item<double>();
-  const double seconds = seconds_since(interval.start);
+  const double seconds = seconds_since(interval.start) - interval.excluded_seconds;
   // A non-finite loss goes with a non-finite gradient norm: what check_finite_steps decides.
   if (!std::isfinite(loss_value) && !config_.optim.skip_nonfinite && !loss_scaler_)
     throw Error(ExitCode::kNumerical, "step " + std::to_string(step) + ": the loss is not finite (" +
@@ -611,8 +616,19 @@ TrainResult Trainer::run() {
       sum.seconds += logged.seconds;
       sum.tokens += logged.tokens;
       result.final_loss = logged.loss;
-      bool eval_due = config_.loop.eval_interval > 0 && step % config_.loop.eval_interval == 0;
-      if (valid_corpus_ && (eval_due || step == steps)) {
+    }
+    // Evaluations and saves between log lines stay out of the interval's time: the device first
+    // finishes the steps queued before them. (After a log line the interval restarts anyway.)
+    auto untimed = [&](const std::function<void()>& work) {
+      if (log_due) return work();
+      accel::synchronize(placement_.device);
+      const Clock::time_point start = Clock::now();
+      work();
+      interval.excluded_seconds += seconds_since(start);
+    };
+    const bool eval_due = config_.loop.eval_interval > 0 && step % config_.loop.eval_interval == 0;
+    if (valid_corpus_ && (eval_due || step == steps)) {
+      untimed([&] {
         result.final_eval_loss = evaluate();
         log::info("eval at step ", step, " | loss ", result.final_eval_loss, " | perplexity ",
                   std::exp(result.final_eval_loss));
@@ -620,7 +636,7 @@ TrainResult Trainer::run() {
                                        {"eval_ppl", std::exp(result.final_eval_loss)}};
         metrics_.write(record);
         tensorboard_.write(record);
-      }
+      });
     }
     // The step boundary: a finished background save completes; a signal stops the run here.
     checkpoints_->poll();
@@ -634,7 +650,8 @@ TrainResult Trainer::run() {
       result.steps = step;
       return result;
     }
-    if (config_.ckpt.interval > 0 && (step % config_.ckpt.interval == 0 || step == steps)) save_checkpoint(step);
+    if (config_.ckpt.interval > 0 && (step % config_.ckpt.interval == 0 || step == steps))
+      untimed([&] { save_checkpoint(step); });
     if (log_due) interval = Interval{};  // logging, evaluation and saving stay out of the timed steps
   }
   checkpoints_->finish();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace dstrain::e2e {
@@ -71,6 +72,12 @@ RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<st
                                    "--data.valid", test_corpus().valid};
   args.insert(args.end(), extra.begin(), extra.end());
   return run_dstrain(ranks, args);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {

@@ -31,6 +31,8 @@ RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<st
 // The byte at the middle of a dataset's data in an HDF5 file, flipped in place.
 void flip_a_byte(const std::string& file, const std::string& dataset);
 
+// A whole file's bytes (empty, with a test failure, when it cannot be read).
+std::string read_text(const std::string& path);
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 nlohmann::json read_json(const std::string& path);
 

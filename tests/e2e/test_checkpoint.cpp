@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -155,8 +156,10 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
 
   std::string truncated = dir + "/truncated.h5";
-  { std::ifstream in(good, std::ios::binary); std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }
+  {
+    const std::string bytes = read_text(good);
+    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
   RunOutput cut = run_dstrain(0, {"ckpt", "inspect", truncated});
   EXPECT_EQ(cut.exit_code, 4) << cut.output;
   EXPECT_NE(cut.output.find(truncated + ": not a readable HDF5 file (truncated or damaged?)"), std::string::npos)
@@ -224,13 +227,24 @@ TEST(Checkpoint, RetentionAndH5dump) {
   EXPECT_TRUE(dstrain::files::exists(checkpoint(dir, 20)));
   EXPECT_EQ(latest_of(dir), "step_00000020.h5");
 
-  // The same job once more (a requeue after the end): nothing to do, nothing changed.
-  const std::string summary = read_json(dir + "/summary.json").dump();
-  RunOutput again = train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10"});
-  EXPECT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_NE(again.output.find("nothing to do"), std::string::npos) << again.output;
-  EXPECT_EQ(read_json(dir + "/summary.json").dump(), summary);
-  EXPECT_EQ(train_records(dir).size(), 20u);
+  // The same job once more (a requeue after the end), or with fewer steps: nothing to do, and
+  // nothing in the run directory changes (config.ini still describes the run that trained).
+  const std::string summary = read_json(dir + "/summary.json").dump(), config = read_text(dir + "/config.ini");
+  auto sorted_entries = [&] {
+    std::vector<std::string> names = dstrain::files::directory_entries(dir);
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> entries = sorted_entries();
+  for (const char* steps : {"20", "10"}) {
+    RunOutput again = train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10", "--train.steps", steps});
+    EXPECT_EQ(again.exit_code, 0) << again.output;
+    EXPECT_NE(again.output.find("nothing to do"), std::string::npos) << again.output;
+    EXPECT_EQ(read_json(dir + "/summary.json").dump(), summary);
+    EXPECT_EQ(read_text(dir + "/config.ini"), config) << "train.steps " << steps;
+    EXPECT_EQ(sorted_entries(), entries) << "train.steps " << steps;
+    EXPECT_EQ(train_records(dir).size(), 20u);
+  }
 
   FILE* pipe = popen(("h5dump -n " + checkpoint(dir, 20) + " 2>&1").c_str(), "r");
   ASSERT_NE(pipe, nullptr);

@@ -91,14 +91,26 @@ TEST(Training, RunDirectoryHoldsEffectiveConfigMetricsAndSummary) {
   EXPECT_EQ(records[0]["consumed_samples"], 5 * 4);  // 5 steps × micro_batch 2 × dp 2
 
   // config.ini records the resolved layout and reads back as a configuration.
-  std::ifstream ini(dir + "/nested/run/config.ini");
-  std::string text((std::istreambuf_iterator<char>(ini)), std::istreambuf_iterator<char>());
+  const std::string text = read_text(dir + "/nested/run/config.ini");
   EXPECT_NE(text.find("[parallel]\ndp = 2\n"), std::string::npos) << text;
   std::string again = scratch_dir("rundir-again");
   RunOutput rerun = run_dstrain(2, {"train", "--config", dir + "/nested/run/config.ini", "--run.dir", again});
   ASSERT_EQ(rerun.exit_code, 0) << rerun.output;
   EXPECT_EQ(read_json(again + "/summary.json")["param_digest"],
             read_json(dir + "/nested/run/summary.json")["param_digest"]);
+}
+
+// Evaluation follows train.eval_interval whether or not a log line falls on the same step.
+TEST(Training, EvaluationIntervalIsIndependentOfTheLogInterval) {
+  std::string dir = scratch_dir("eval-interval");
+  RunOutput run = train(1, dir, {"--log.interval", "3", "--train.eval_interval", "5"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<int64_t> logged, evaluated;
+  for (const auto& r : train_records(dir)) logged.push_back(r["step"].get<int64_t>());
+  for (const auto& r : eval_records(dir)) evaluated.push_back(r["step"].get<int64_t>());
+  EXPECT_EQ(logged, (std::vector<int64_t>{3, 6, 9, 12, 15, 18, 20}));
+  EXPECT_EQ(evaluated, (std::vector<int64_t>{5, 10, 15, 20}));
+  EXPECT_NE(run.output.find("eval at step 5 | loss"), std::string::npos) << run.output;
 }
 
 TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
@@ -114,6 +126,8 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       {2, {"--train.global_batch", "6"}, "train.global_batch = 6: must be a multiple of"},
       {0, {"--data.train", dir + "/missing.h5"}, "data.train = " + dir + "/missing.h5: no such file"},
       {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
+      // A prefix of one option (train.steps) is not that option: the same key in a file is refused too.
+      {0, {"--train.step", "5"}, "unrecognised option '--train.step'"},
       {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
       {0, {"--model.vocab_size", "100"}, "model.vocab_size = 100: smaller than the vocabulary"},
   };
