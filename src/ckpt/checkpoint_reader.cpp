@@ -89,6 +89,9 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   s.model_shape = h5::read_attribute_string(g.get(), "model_shape", kCode, where);
   s.corpus_path = h5::read_attribute_string(g.get(), "corpus_path", kCode, where);
   s.corpus_checksum = h5::read_attribute_string(g.get(), "corpus_checksum", kCode, where);
+  const htri_t tokenizer_kept = H5Aexists(g.get(), "tokenizer");  // not in the earliest version 2 files
+  if (tokenizer_kept < 0) throw Error(kCode, where + ": cannot read its attributes");
+  if (tokenizer_kept > 0) s.tokenizer = h5::read_attribute_string(g.get(), "tokenizer", kCode, where);
   s.world_size = h5::read_attribute_u64(g.get(), "world_size", kCode, where);
   s.dp = h5::read_attribute_u64(g.get(), "dp", kCode, where);
   s.pp = h5::read_attribute_u64(g.get(), "pp", kCode, where);

@@ -65,6 +65,7 @@ void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::str
   h5::write_attribute_string(g, "model_shape", s.model_shape, kCode);
   h5::write_attribute_string(g, "corpus_path", s.corpus_path, kCode);
   h5::write_attribute_string(g, "corpus_checksum", s.corpus_checksum, kCode);
+  h5::write_attribute_string(g, "tokenizer", s.tokenizer, kCode);
   h5::write_attribute_u64(g, "world_size", s.world_size, kCode);
   h5::write_attribute_u64(g, "dp", s.dp, kCode);
   h5::write_attribute_u64(g, "pp", s.pp, kCode);

@@ -32,7 +32,22 @@ const char* kGenerateUsage =
     "  --top-p P               sample among the fewest most likely tokens whose probability reaches P (1.0: all)\n"
     "  --seed S                seed of the sampling (0)\n"
     "  --device D              cpu, cuda (GPU 0) or auto (cuda when there is a GPU; the default)\n"
-    "  --tokenizer NAME        the tokenizer of the model's corpus: byte (the default)\n";
+    "  --tokenizer NAME        the tokenizer of the model's corpus: byte (the default), or its tokenizer.json\n"
+    "                          (the checkpoint records which; generate refuses another)\n";
+
+// The tokenizer `given` by --tokenizer (empty: none), which must be the one the model's corpus was
+// made with when the checkpoint names it (`recorded`); a tokenizer.json must be given, since the
+// checkpoint keeps its name and hash, not the file.
+std::unique_ptr<Tokenizer> tokenizer_of_model(const std::string& given, const std::string& recorded) {
+  const bool known = !recorded.empty();
+  if (given.empty() && known && recorded != "byte")
+    throw config_error("--tokenizer", "", "the model was trained on tokens of " + recorded + ": give that tokenizer.json");
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(given.empty() ? "byte" : given);
+  if (known && tokenizer->name() != recorded)
+    throw config_error("--tokenizer", given, "the model was trained on tokens of " + recorded + ", not of " +
+                                                 tokenizer->name());
+  return tokenizer;
+}
 
 }  // namespace
 
@@ -62,12 +77,11 @@ int generate_command(const std::vector<std::string>& args) {
     throw config_error("--device", "cuda", "no GPU here (or a LibTorch without CUDA)");
   const torch::Device device =
       device_name == "cpu" || accel::device_count() == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
-  const std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(parsed.own.count("tokenizer") ? parsed.own.at("tokenizer") : "byte");
-
   const std::string checkpoint = resolve_resume(parsed.own.at("ckpt"), "");
   if (checkpoint.empty()) throw Error(ExitCode::kCheckpoint, "--ckpt none: give a checkpoint file or directory");
   const CheckpointReader reader(checkpoint);
+  const std::unique_ptr<Tokenizer> tokenizer =
+      tokenizer_of_model(parsed.own.count("tokenizer") ? parsed.own.at("tokenizer") : "", reader.state().tokenizer);
   OptionTable table = train_option_table();
   Options options = checkpoint_options(table, checkpoint, parsed.overrides);
   const ModelConfig model_config = read_model_config(options);

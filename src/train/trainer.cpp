@@ -535,6 +535,7 @@ void Trainer::save_checkpoint(int64_t step) {
   state.model_shape = model_shape_text(config_.model);
   state.corpus_path = config_.data.train;
   state.corpus_checksum = corpus_fingerprint_;
+  state.tokenizer = train_data_.corpora.front()->info().tokenizer;  // a mixture's corpora share it
   state.world_size = static_cast<uint64_t>(parallel_.grid.world());
   state.dp = static_cast<uint64_t>(parallel_.grid.dp());
   state.pp = static_cast<uint64_t>(parallel_.grid.pp());

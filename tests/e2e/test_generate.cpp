@@ -7,6 +7,7 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/config.h"
+#include "dstrain/data/byte_level.h"
 #include "dstrain/data/tokenizer.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/train/checkpoint_model.h"
@@ -98,6 +99,50 @@ TEST(Generate, SamplingIsSeededAndBadOptionsAreClearErrors) {
   EXPECT_NE(long_prompt.output.find("--prompt"), std::string::npos) << long_prompt.output;
   RunOutput no_ckpt = run_dstrain(0, {"generate", "--ckpt", "/nonexistent", "--prompt", "x"});
   EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
+}
+
+// A model trained on a BPE corpus: generate needs that tokenizer.json (the checkpoint records its
+// name and hash) and refuses another, and eval refuses a corpus of another tokenizer.
+TEST(Generate, TheTokenizerMustBeTheOneTheModelWasTrainedOn) {
+  const std::string dir = scratch_dir("generate-bpe");
+  // Byte-level BPE: the 256 bytes, two merges and an end-of-document token (259 < tiny's 264).
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto& chars = dstrain::byte_level::byte_to_chars();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  vocab["th"] = 256;
+  vocab["the"] = 257;
+  const nlohmann::json tokenizer = {
+      {"added_tokens", {{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "th e"}}}}};
+  std::ofstream(dir + "/tok.json") << tokenizer.dump();
+  std::ofstream text(dir + "/fox.txt");
+  for (int i = 0; i < 100; ++i) text << kText;
+  text.close();
+  RunOutput prep = run_dstrain(0, {"prep", "--input", dir + "/fox.txt", "--output", dir + "/fox.h5", "--tokenizer",
+                                   dir + "/tok.json"});
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  RunOutput train = run_dstrain(0, {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                    "--run.dir", dir + "/run", "--data.train", dir + "/fox.h5", "--train.device",
+                                    "cpu", "--train.steps", "2", "--ckpt.interval", "2"});
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string ckpt = dir + "/run/checkpoints";
+
+  RunOutput without = generate(ckpt, {});
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+  EXPECT_NE(without.output.find("--tokenizer = \"\": the model was trained on tokens of bpe:tok.json:"),
+            std::string::npos) << without.output;
+  RunOutput bytes = generate(ckpt, {"--tokenizer", "byte"});
+  EXPECT_EQ(bytes.exit_code, 2) << bytes.output;
+  EXPECT_NE(bytes.output.find(", not of byte"), std::string::npos) << bytes.output;
+  RunOutput with = generate(ckpt, {"--tokenizer", dir + "/tok.json"});
+  EXPECT_EQ(with.exit_code, 0) << with.output;
+  EXPECT_EQ(generated_text(with).rfind("the quick", 0), 0u) << with.output;
+
+  RunOutput eval = run_dstrain(0, {"eval", "--ckpt", ckpt, "--data", memorise_corpus()});
+  EXPECT_EQ(eval.exit_code, 3) << eval.output;
+  EXPECT_NE(eval.output.find(memorise_corpus() + ": tokenized with byte, the model was trained on bpe:tok.json:"),
+            std::string::npos) << eval.output;
 }
 
 // input/tiny-v3.ini (MLA with query compression, MoE with sigmoid group-limited routing and the

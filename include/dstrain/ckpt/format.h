@@ -35,6 +35,9 @@ struct CheckpointState {
   std::string config;          // the effective configuration (config.ini)
   std::string model_shape;     // the model keys that fix the tensors' shapes, "key = value" lines
   std::string corpus_path, corpus_checksum;
+  // The training corpus's tokenizer, as the corpus names it (byte, bpe:FILE:HASH): what the model's
+  // token ids mean. Empty where unknown: imported weights, or checkpoints from before it was kept.
+  std::string tokenizer;
   uint64_t world_size = 1, dp = 1, pp = 1, virtual_stages = 1;
   std::string schedule, stage_layers;
   torch::Tensor rng;  // uint8 [world_size, bytes]: each rank's CPU generator state
