@@ -73,9 +73,9 @@ int ckpt_command(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "export-hf") return export_hf_command({args.begin() + 1, args.end()});
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify"))
     throw Error(ExitCode::kUsage,
-                std::string("ckpt: expected inspect FILE, verify FILE, import-hf PATH ... or export-hf FILE ...\n") +
-                    kCkptUsage);
-  const CheckpointReader reader(resolve_resume(args[1], ""));
+                std::string("ckpt: expected inspect FILE, verify FILE, import-hf PATH ... or export-hf FILE ...") +
+                    (args.size() > 2 ? " (unexpected: " + args[2] + ")" : "") + "\n" + kCkptUsage);
+  const CheckpointReader reader(resolve_checkpoint(args[1], "CKPT"));
   return args[0] == "inspect" ? inspect(reader) : verify(reader);
 }
 

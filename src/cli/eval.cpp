@@ -54,8 +54,7 @@ int eval_command(int argc, char** argv, const std::vector<std::string>& args) {
   std::string checkpoint;
   Options options;
   agreed_phase(mpi.world_rank(), [&] {  // every rank reads the checkpoint; one reports its faults
-    checkpoint = resolve_resume(parsed.own.at("ckpt"), "");
-    if (checkpoint.empty()) throw Error(ExitCode::kCheckpoint, "--ckpt none: give a checkpoint file or directory");
+    checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
     std::vector<std::string> overrides = {"--data.train=" + corpus, "--data.valid=" + corpus};
     overrides.insert(overrides.end(), parsed.overrides.begin(), parsed.overrides.end());
     options = checkpoint_options(table, checkpoint, overrides);

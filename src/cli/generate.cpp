@@ -77,8 +77,7 @@ int generate_command(const std::vector<std::string>& args) {
     throw config_error("--device", "cuda", "no GPU here (or a LibTorch without CUDA)");
   const torch::Device device =
       device_name == "cpu" || accel::device_count() == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
-  const std::string checkpoint = resolve_resume(parsed.own.at("ckpt"), "");
-  if (checkpoint.empty()) throw Error(ExitCode::kCheckpoint, "--ckpt none: give a checkpoint file or directory");
+  const std::string checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
   const CheckpointReader reader(checkpoint);
   const std::unique_ptr<Tokenizer> tokenizer =
       tokenizer_of_model(parsed.own.count("tokenizer") ? parsed.own.at("tokenizer") : "", reader.state().tokenizer);

@@ -98,6 +98,13 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
   }
   std::vector<std::pair<std::string, std::string>> copies;  // to compare with what they copy
   int64_t unbuilt = 0;
+  // DeepSeek-V3 files keep their multi-token prediction modules as layers after the decoder's;
+  // tensors of their own tell them from decoder layers that the configuration lacks.
+  auto is_mtp_layer = [&](int64_t layer) {
+    for (const char* own : {"enorm.weight", "hnorm.weight", "eh_proj.weight"})
+      if (weights.find(kLayers + std::to_string(layer) + "." + own)) return true;
+    return false;
+  };
   for (const std::string& name : weights.names()) {
     if (parameters.count(name)) continue;
     const std::string original = hf_shared_original(name, model.num_layers);
@@ -106,8 +113,13 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
       copies.emplace_back(name, original);
     } else if (ends_with(name, "rotary_emb.inv_freq")) {
       // a buffer older files carry; dstrain computes its rotary tables
-    } else if (layer >= model.num_layers) {
+    } else if (layer >= model.num_layers && is_mtp_layer(layer)) {
       ++unbuilt;
+    } else if (layer >= model.num_layers) {
+      problems.push_back(weights.file_of(name) + ": tensor " + name + " is in decoder layer " + std::to_string(layer) +
+                         ", beyond the configuration's model.num_layers = " + std::to_string(model.num_layers) +
+                         " (a deeper model?)");
+      continue;
     } else {
       problems.push_back(weights.file_of(name) + ": tensor " + name +
                          " is no parameter of the configuration's model (a file of another model, or another "

@@ -735,8 +735,11 @@ TrainResult run_training(Options options) {
   agreed_phase(world_rank, [&] {
     if (world_rank != 0) return;
     std::string why;
-    if (!files::make_directories(config.ckpt.dir, &why))
+    if (!files::make_directories(config.ckpt.dir, &why)) {
+      if (options.get_string("ckpt.dir").empty())  // RUN_DIR/checkpoints: the user chose run.dir
+        throw config_error("run.dir", config.run.dir, "cannot create " + config.ckpt.dir + " (" + why + ")");
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
+    }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");

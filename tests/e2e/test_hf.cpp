@@ -335,6 +335,19 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
   make_safetensors(dir, other, dir + "/other.safetensors");
   expect_refused(dir + "/other.safetensors", {"tensor model.layers.0.self_attn.q_a_proj.weight is no parameter"});
 
+  // A deeper model than the configuration's: its extra decoder layer is no multi-token prediction module.
+  nlohmann::json deeper = good;
+  for (const auto& t : good["tensors"]) {
+    const std::string name = t["name"];
+    if (name.rfind("model.layers.1.", 0) != 0) continue;
+    nlohmann::json copy = t;
+    copy["name"] = "model.layers.2." + name.substr(std::string("model.layers.1.").size());
+    deeper["tensors"].push_back(copy);
+  }
+  make_safetensors(dir, deeper, dir + "/deeper.safetensors");
+  expect_refused(dir + "/deeper.safetensors", {"deeper.safetensors: tensor model.layers.2.mlp.down_proj.weight is in "
+                                               "decoder layer 2, beyond the configuration's model.num_layers = 2"});
+
   std::string bytes = file_bytes(dir + "/good.safetensors");
   std::string corrupt = bytes;
   corrupt[8] = '[';  // the header's opening brace

@@ -115,6 +115,7 @@ TEST(Training, EvaluationIntervalIsIndependentOfTheLogInterval) {
 
 TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
   std::string dir = scratch_dir("errors");
+  std::ofstream(dir + "/a-file") << "not a directory\n";
   struct Case {
     int ranks;
     std::vector<std::string> args;
@@ -128,6 +129,8 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
       // A prefix of one option (train.steps) is not that option: the same key in a file is refused too.
       {0, {"--train.step", "5"}, "unrecognised option '--train.step'"},
+      // The checkpoint directory is run.dir's unless ckpt.dir says otherwise: the message names run.dir.
+      {0, {"--run.dir", dir + "/a-file/run"}, "run.dir = " + dir + "/a-file/run: cannot create " + dir + "/a-file/run/checkpoints"},
       {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
       {0, {"--model.vocab_size", "100"}, "model.vocab_size = 100: smaller than the vocabulary"},
   };
