@@ -98,6 +98,12 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   s.virtual_stages = h5::read_attribute_u64(g.get(), "virtual_stages", kCode, where);
   s.schedule = h5::read_attribute_string(g.get(), "schedule", kCode, where);
   s.stage_layers = h5::read_attribute_string(g.get(), "stage_layers", kCode, where);
+  const htri_t checksummed = H5Aexists(g.get(), kChecksumAttribute);  // not in the earliest version 2 files
+  if (checksummed < 0) throw Error(kCode, where + ": cannot read its attributes");
+  if (checksummed > 0 &&
+      h5::read_attribute_string(g.get(), kChecksumAttribute, kCode, where) != state_checksum(s))
+    throw Error(kCode, where + ": its attributes (step, samples consumed, configuration, ...) do not match their "
+                               "checksum: the file was changed or damaged");
 
   std::vector<std::string> names;
   h5::check(H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), kCode, path + ": listing datasets");

@@ -47,6 +47,25 @@ torch::ScalarType dtype_of_stored(hid_t type, const std::string& context) {
   throw Error(kCode, context + ": a data type a checkpoint does not use");
 }
 
+std::string state_checksum(const CheckpointState& s) {
+  std::string bytes;
+  auto add_number = [&](auto value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof value); };
+  auto add_text = [&](const std::string& text) {
+    add_number(static_cast<uint64_t>(text.size()));  // lengths keep "ab" + "c" apart from "a" + "bc"
+    bytes += text;
+  };
+  add_number(s.step);
+  for (uint64_t value : {s.consumed_samples, s.tokens, s.optimizer_steps}) add_number(value);
+  for (double value : {s.loss_scale, s.loss_scale_clean_steps, s.skipped_steps}) add_number(value);
+  for (uint64_t value : {s.global_batch, s.seq_len}) add_number(value);
+  for (const std::string* text : {&s.config, &s.model_shape, &s.corpus_path, &s.corpus_checksum, &s.tokenizer})
+    add_text(*text);
+  for (uint64_t value : {s.world_size, s.dp, s.pp, s.virtual_stages}) add_number(value);
+  add_text(s.schedule);
+  add_text(s.stage_layers);
+  return hex64(xxh64(bytes.data(), bytes.size()));
+}
+
 void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::string& path) {
   h5::Handle trainer(h5::check_id(H5Gcreate2(file, "trainer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
                                   path + ": creating /trainer"),
@@ -72,6 +91,7 @@ void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::str
   h5::write_attribute_u64(g, "virtual_stages", s.virtual_stages, kCode);
   h5::write_attribute_string(g, "schedule", s.schedule, kCode);
   h5::write_attribute_string(g, "stage_layers", s.stage_layers, kCode);
+  h5::write_attribute_string(g, kChecksumAttribute, state_checksum(s), kCode);
   {
     hsize_t dims[2] = {static_cast<hsize_t>(s.rng.size(0)), static_cast<hsize_t>(s.rng.size(1))};
     h5::Handle space(h5::check_id(H5Screate_simple(2, dims, nullptr), kCode, "H5Screate_simple"), H5Sclose);

@@ -143,9 +143,12 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   ASSERT_EQ(train(1, 1, dir, {"--train.steps", "5"}).exit_code, 0);
   const std::string good = checkpoint(dir, 5);
 
-  std::string flipped = dir + "/flipped.h5";
-  dstrain::files::remove_tree(flipped);
-  { std::ifstream in(good, std::ios::binary); std::ofstream out(flipped, std::ios::binary); out << in.rdbuf(); }
+  auto copy_of_good = [&](const std::string& name) {
+    const std::string copy = dir + "/" + name;
+    std::ofstream(copy, std::ios::binary | std::ios::trunc) << read_text(good);
+    return copy;
+  };
+  std::string flipped = copy_of_good("flipped.h5");
   flip_a_byte(flipped, "/optim/model.layers.1.mlp.up_proj.weight/exp_avg");
   RunOutput verify = run_dstrain(0, {"ckpt", "verify", flipped});
   EXPECT_EQ(verify.exit_code, 4) << verify.output;
@@ -154,6 +157,28 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   RunOutput resume = train(1, 1, scratch_dir("ckpt-from-flipped"), {"--ckpt.resume", flipped});
   EXPECT_EQ(resume.exit_code, 4) << resume.output;
   EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
+
+  // The trainer's attributes have a checksum too: a step changed from 5 to 3 would resume the
+  // data order two steps back.
+  const std::string edited = copy_of_good("edited.h5");
+  {
+    dstrain::h5::Handle file(H5Fopen(edited.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(file.get(), 0);
+    dstrain::h5::Handle trainer(H5Gopen2(file.get(), "trainer", H5P_DEFAULT), H5Gclose);
+    ASSERT_GE(trainer.get(), 0);
+    ASSERT_GE(H5Adelete(trainer.get(), "step"), 0);
+    dstrain::h5::write_attribute_u64(trainer.get(), "step", 3, dstrain::ExitCode::kInternal);
+  }
+  for (const std::vector<std::string>& command : {std::vector<std::string>{"ckpt", "verify", edited},
+                                                  {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                                   "--data.train", test_corpus().train, "--run.dir",
+                                                   scratch_dir("ckpt-from-edited"), "--ckpt.resume", edited}}) {
+    RunOutput run = run_dstrain(0, command);
+    EXPECT_EQ(run.exit_code, 4) << run.output;
+    EXPECT_NE(run.output.find(edited + ": /trainer: its attributes (step, samples consumed, configuration, ...) do "
+                              "not match their checksum"),
+              std::string::npos) << run.output;
+  }
 
   std::string truncated = dir + "/truncated.h5";
   {

@@ -47,6 +47,11 @@ struct CheckpointState {
 h5::Handle stored_type(torch::ScalarType dtype);
 torch::ScalarType dtype_of_stored(hid_t type, const std::string& context);
 
+// The XXH64 (16 hex digits) of every attribute value of /trainer, in a fixed order: /trainer's own
+// xxh64 attribute, which the reader checks (a changed step or sample count would resume the data
+// order elsewhere, silently). The rng_cpu dataset has its own.
+std::string state_checksum(const CheckpointState& state);
+
 // Completes a checkpoint file: the group /trainer with the state's attributes and its dataset
 // rng_cpu (checksummed), and the format attributes of "/", which mark the file a checkpoint.
 // Throws Error(kCheckpoint) naming `path`.
