@@ -102,12 +102,12 @@ int plot_command(const std::vector<std::string>& args) {
   }
   if (runs.empty()) throw Error(ExitCode::kUsage, "plot: name at least one run directory (see dstrain plot --help)");
   if (output.empty()) output = runs.size() == 1 ? runs[0] : "plots";
-  std::string why;
-  if (!files::make_directories(output, &why)) throw config_error("--output", output, "cannot create it (" + why + ")");
-
-  // Each run's series as data files gnuplot reads: "step value" lines.
+  // Each run's series as data files gnuplot reads: "step value" lines. (Read first: a run that
+  // is not there leaves no output directory behind.)
   std::vector<std::map<std::string, std::vector<std::pair<int64_t, double>>>> metrics;
   for (const std::string& run : runs) metrics.push_back(read_metrics(run));
+  std::string why;
+  if (!files::make_directories(output, &why)) throw config_error("--output", output, "cannot create it (" + why + ")");
   const std::string data_dir = output + "/.plot-data";
   if (!files::make_directories(data_dir, &why)) throw config_error("--output", output, "cannot write there (" + why + ")");
   auto data_file = [&](size_t run, const std::string& key) {

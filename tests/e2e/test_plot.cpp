@@ -66,4 +66,8 @@ TEST(Plot, NotARunDirectoryIsAClearError) {
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find(empty), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("metrics.jsonl"), std::string::npos) << run.output;
+  // A mistyped run directory is not created by the attempt.
+  RunOutput missing = run_dstrain(0, {"plot", empty + "/no-such-run"});
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_FALSE(dstrain::files::exists(empty + "/no-such-run"));
 }
