@@ -29,7 +29,8 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   ParallelContext parallel = ParallelContext::create(RankGrid(world_size, world_size, 1));
   const std::string dir = read_ckpt_config(o, o.get_string("run.dir")).dir + "/bench-io";
   // Removed afterwards, so it must be the benchmark's own: rank 0 looks before anyone creates it.
-  const bool exists = parallel.world->broadcast_string(parallel.world_rank == 0 && files::exists(dir) ? "yes" : "", 0) == "yes";
+  const std::string seen_by_rank_0 = parallel.world_rank == 0 && files::exists(dir) ? "exists" : "";
+  const bool exists = !parallel.world->broadcast_string(seen_by_rank_0, 0).empty();
   if (exists) throw config_error("ckpt.dir", dir, "exists already; remove it or choose another ckpt.dir");
   // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
   // data-parallel ranks of a stage share its parameters and optimizer state.

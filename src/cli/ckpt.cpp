@@ -32,7 +32,8 @@ int inspect(const CheckpointReader& r) {
               static_cast<unsigned long long>(s.virtual_stages), s.stage_layers.c_str());
   std::printf("  global batch %llu x %llu tokens; corpus %s (fingerprint %s, tokenizer %s)\n",
               static_cast<unsigned long long>(s.global_batch), static_cast<unsigned long long>(s.seq_len),
-              s.corpus_path.c_str(), s.corpus_checksum.c_str(), s.tokenizer.empty() ? "not recorded" : s.tokenizer.c_str());
+              s.corpus_path.c_str(), s.corpus_checksum.c_str(),
+              s.tokenizer.empty() ? "not recorded" : s.tokenizer.c_str());
   if (s.loss_scale > 0)
     std::printf("  fp16 loss scale %g (%g clean steps, %g skipped)\n", s.loss_scale, s.loss_scale_clean_steps,
                 s.skipped_steps);

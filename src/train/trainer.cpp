@@ -699,6 +699,18 @@ TrainResult Trainer::run() {
   return result;
 }
 
+// A checkpoint directory holding checkpoints but no `latest` (written by hand, or a crash between
+// the first checkpoint's rename and its `latest`): the run starts afresh, and its saves will
+// replace files of the same step.
+void warn_of_checkpoints_without_latest(const std::string& dir) {
+  std::string newest;
+  for (const std::string& name : files::directory_entries(dir))
+    if (step_of_checkpoint_file(name) >= 0 && name > newest) newest = name;
+  if (!newest.empty())
+    log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh; "
+                 "set ckpt.resume to one of them to continue from it");
+}
+
 }  // namespace
 
 TrainResult run_training(Options options) {
@@ -741,6 +753,7 @@ TrainResult run_training(Options options) {
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
+    if (resume.empty() && config.ckpt.resume == "auto") warn_of_checkpoints_without_latest(config.ckpt.dir);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });

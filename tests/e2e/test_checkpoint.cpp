@@ -158,6 +158,17 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_EQ(resume.exit_code, 4) << resume.output;
   EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
 
+  // Checkpoints without `latest` are not resumed from (ckpt.resume = auto follows `latest`
+  // alone), but the run says that it starts afresh beside them.
+  const std::string orphaned = scratch_dir("ckpt-without-latest");
+  std::string why;
+  ASSERT_TRUE(dstrain::files::make_directories(orphaned + "/checkpoints", &why)) << why;
+  std::ofstream(checkpoint(orphaned, 5), std::ios::binary) << read_text(good);
+  RunOutput afresh = train(1, 1, orphaned, {"--train.steps", "2"});
+  EXPECT_EQ(afresh.exit_code, 0) << afresh.output;
+  EXPECT_NE(afresh.output.find("holds checkpoints (the newest step_00000005.h5) but no `latest`: starting afresh"),
+            std::string::npos) << afresh.output;
+
   // The trainer's attributes have a checksum too: a step changed from 5 to 3 would resume the
   // data order two steps back.
   const std::string edited = copy_of_good("edited.h5");
