@@ -51,6 +51,14 @@ void Handle::reset() {
   id_ = -1;
 }
 
+bool is_hdf5_file(const std::string& path) {
+  std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+  quiet_errors();
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 <= 0) last_error_message();  // clears what a file of another kind left on the error stack
+  return is_hdf5 > 0;
+}
+
 bool has_link(hid_t location, const std::string& name) {
   return H5Lexists(location, name.c_str(), H5P_DEFAULT) > 0;
 }

@@ -117,10 +117,7 @@ CorpusReader::CorpusReader(const std::string& path) {
   info_.path = path;
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) throw data_error(path + ": no such corpus file");
-  if (H5Fis_hdf5(path.c_str()) <= 0) {
-    h5::last_error_message();  // clear the stack
-    throw data_error(path + ": not an HDF5 file (make corpora with `dstrain prep`)");
-  }
+  if (!h5::is_hdf5_file(path)) throw data_error(path + ": not an HDF5 file (make corpora with `dstrain prep`)");
   file_ = h5::Handle(h5::check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), kCode,
                                   path + ": cannot open"),
                      H5Fclose);

@@ -77,9 +77,7 @@ CorpusInfo import_corpus(const ImportOptions& options) {
 
 std::string inspect_corpus(const std::string& path, uint64_t show_tokens) {
   if (files::is_regular_file(path)) {
-    h5::quiet_errors();
-    if (H5Fis_hdf5(path.c_str()) > 0) return inspect_dstrain(path, show_tokens);
-    h5::last_error_message();
+    if (h5::is_hdf5_file(path)) return inspect_dstrain(path, show_tokens);
     if (llmc::looks_like_shard(path)) return inspect_llmc(path);
   }
   if (megatron::looks_like_index(path)) return inspect_megatron(path);

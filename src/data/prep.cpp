@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +16,7 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/core/h5.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/random.h"
 #include "dstrain/data/document_reader.h"
@@ -264,14 +264,6 @@ void join_parts(const PrepOptions& options, const Tokenizer& tokenizer, const st
   if (valid) summary->valid = valid->close();
 }
 
-// HDF5's signature at the start of the file (where dstrain's files have it).
-bool is_hdf5_file(const std::string& path) {
-  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-  char start[8] = {};
-  std::ifstream file(path, std::ios::binary);
-  return file.read(start, sizeof start) && std::equal(start, start + sizeof start, kSignature);
-}
-
 void check_options(const PrepOptions& options) {
   if (options.inputs.empty()) throw config_error("--input", "", "give at least one text or JSONL file");
   if (options.output.empty()) throw config_error("--output", "", "give the corpus file to write");
@@ -283,7 +275,7 @@ void check_options(const PrepOptions& options) {
   const std::string valid_path = options.valid_output.empty() ? default_valid_path(options.output) : options.valid_output;
   for (const std::string& input : options.inputs) {
     if (!files::is_regular_file(input)) throw data_error(input + ": no such input file");
-    if (is_hdf5_file(input)) throw data_error(input + ": an HDF5 file (a corpus?), not text or JSONL to tokenize");
+    if (h5::is_hdf5_file(input)) throw data_error(input + ": an HDF5 file (a corpus?), not text or JSONL to tokenize");
     for (const std::string& output : {options.output, valid_path})
       if (files::same_file(input, output))
         throw config_error("--output", output, "is also an input file: writing it would destroy the text");

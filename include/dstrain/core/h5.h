@@ -45,6 +45,8 @@ class Handle {
 };
 
 bool has_link(hid_t location, const std::string& name);
+// An HDF5 file by its signature (false for other files and for paths that cannot be read).
+bool is_hdf5_file(const std::string& path);
 void write_attribute_u64(hid_t object, const std::string& name, uint64_t value, ExitCode code);
 uint64_t read_attribute_u64(hid_t object, const std::string& name, ExitCode code,
                             const std::string& context);
