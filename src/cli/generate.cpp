@@ -35,15 +35,16 @@ const char* kGenerateUsage =
     "  --tokenizer NAME        the tokenizer of the model's corpus: byte (the default), or its tokenizer.json\n"
     "                          (the checkpoint records which; generate refuses another)\n";
 
-// The tokenizer `given` by --tokenizer (empty: none), which must be the one the model's corpus was
-// made with when the checkpoint names it (`recorded`); a tokenizer.json must be given, since the
-// checkpoint keeps its name and hash, not the file.
+// The tokenizer `given` by --tokenizer (empty: none) for a model whose corpus's tokenizer the
+// checkpoint names `recorded` (empty: not recorded). Anything but byte must be given, since the
+// checkpoint keeps a name, not the file; where the name fixes the token ids (byte, a
+// tokenizer.json's hash) another tokenizer is refused.
 std::unique_ptr<Tokenizer> tokenizer_of_model(const std::string& given, const std::string& recorded) {
-  const bool known = !recorded.empty();
-  if (given.empty() && known && recorded != "byte")
+  if (given.empty() && !recorded.empty() && recorded != "byte")
     throw config_error("--tokenizer", "", "the model was trained on tokens of " + recorded + ": give that tokenizer.json");
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(given.empty() ? "byte" : given);
-  if (known && tokenizer->name() != recorded)
+  const std::string trained_on = tokenizer_identity(recorded);
+  if (!trained_on.empty() && tokenizer_identity(tokenizer->name()) != trained_on)
     throw config_error("--tokenizer", given, "the model was trained on tokens of " + recorded + ", not of " +
                                                  tokenizer->name());
   return tokenizer;

@@ -29,4 +29,11 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::st
   throw config_error("--tokenizer", name, "byte, or a Hugging Face tokenizer.json file (no such file)");
 }
 
+std::string tokenizer_identity(const std::string& name) {
+  if (name == "byte") return name;
+  if (name.rfind("bpe:", 0) == 0 && name.find(':', 4) != std::string::npos)
+    return "bpe:" + name.substr(name.rfind(':') + 1);
+  return "";
+}
+
 }  // namespace dstrain

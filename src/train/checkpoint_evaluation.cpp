@@ -9,6 +9,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
+#include "dstrain/data/tokenizer.h"
 #include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
@@ -46,11 +47,13 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
     if (corpus->info().vocab_size > static_cast<uint64_t>(c.model.vocab_size))
       throw data_error(corpus_path + ": vocabulary " + std::to_string(corpus->info().vocab_size) +
                        " is larger than the model's (" + std::to_string(c.model.vocab_size) + ")");
-    // Token ids of another tokenizer mean other text: the loss would measure nothing.
-    const std::string& trained_on = reader->state().tokenizer;
-    if (!trained_on.empty() && corpus->info().tokenizer != trained_on)
+    // Token ids of another tokenizer mean other text: the loss would measure nothing. (Where a
+    // name does not fix the ids, an imported corpus's, there is nothing to compare.)
+    const std::string trained_on = tokenizer_identity(reader->state().tokenizer);
+    const std::string evaluated_on = tokenizer_identity(corpus->info().tokenizer);
+    if (!trained_on.empty() && !evaluated_on.empty() && evaluated_on != trained_on)
       throw data_error(corpus_path + ": tokenized with " + corpus->info().tokenizer + ", the model was trained on " +
-                       trained_on + " tokens");
+                       reader->state().tokenizer + " tokens");
     const int64_t available = global_batches_in(*corpus, c.loop.seq_len, c.loop.global_batch);
     if (available == 0)
       throw data_error(corpus_path + ": too small for one global batch of " + std::to_string(c.loop.global_batch) +

@@ -138,6 +138,10 @@ TEST(Generate, TheTokenizerMustBeTheOneTheModelWasTrainedOn) {
   RunOutput with = generate(ckpt, {"--tokenizer", dir + "/tok.json"});
   EXPECT_EQ(with.exit_code, 0) << with.output;
   EXPECT_EQ(generated_text(with).rfind("the quick", 0), 0u) << with.output;
+  // The same tokenizer.json under another name is the same tokenizer (its content's hash).
+  std::ofstream(dir + "/renamed.json") << tokenizer.dump();
+  RunOutput renamed = generate(ckpt, {"--tokenizer", dir + "/renamed.json"});
+  EXPECT_EQ(renamed.exit_code, 0) << renamed.output;
 
   RunOutput eval = run_dstrain(0, {"eval", "--ckpt", ckpt, "--data", memorise_corpus()});
   EXPECT_EQ(eval.exit_code, 3) << eval.output;

@@ -224,3 +224,13 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
   expect_error([&] { BpeTokenizer::from_file("/nonexistent/tokenizer.json"); }, ExitCode::kUsage,
                {"--tokenizer", "/nonexistent/tokenizer.json"});
 }
+
+// A recorded name's identity: byte, or a tokenizer.json's content hash whatever its file name;
+// none for the names imported corpora give their source.
+TEST(TokenizerIdentity, ByteAndTheJsonHashFixTheIdsOtherNamesDoNot) {
+  EXPECT_EQ(tokenizer_identity("byte"), "byte");
+  EXPECT_EQ(tokenizer_identity("bpe:tokenizer.json:0123456789abcdef"), "bpe:0123456789abcdef");
+  EXPECT_EQ(tokenizer_identity("bpe:gpt2.json:0123456789abcdef"), tokenizer_identity("bpe:a:b:0123456789abcdef"));
+  EXPECT_NE(tokenizer_identity("bpe:tokenizer.json:0123456789abcdef"), tokenizer_identity("bpe:tokenizer.json:fedcba9876543210"));
+  for (const char* unknown : {"llm.c", "megatron", "", "bpe:"}) EXPECT_EQ(tokenizer_identity(unknown), "") << unknown;
+}

@@ -34,4 +34,10 @@ class ByteTokenizer : public Tokenizer {
 // the option or the file's field for anything else.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& eod_token = "");
 
+// What of a tokenizer's recorded name fixes its token ids: "byte", or a tokenizer.json's content
+// hash ("bpe:HASH", whatever the file was called); "" for names that do not say (an imported
+// corpus names its source: llm.c, megatron, ...). Two names with identities mean the same ids
+// exactly when the identities are equal.
+std::string tokenizer_identity(const std::string& name);
+
 }  // namespace dstrain
