@@ -11,6 +11,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
+#include "dstrain/dist/mpi_communicator.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/agreed_phase.h"
 #include "dstrain/train/checkpoint_evaluation.h"
@@ -53,8 +54,13 @@ int eval_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
   std::string checkpoint;
   Options options;
+  // Which file a checkpoint directory's `latest` names, decided by rank 0 alone: a run saving
+  // meanwhile could otherwise show ranks different checkpoints.
+  agreed_phase(mpi.world_rank(), [&] {
+    if (mpi.world_rank() == 0) checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
+  });
+  checkpoint = MpiCommunicator(MPI_COMM_WORLD).broadcast_string(checkpoint, 0);
   agreed_phase(mpi.world_rank(), [&] {  // every rank reads the checkpoint; one reports its faults
-    checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
     std::vector<std::string> overrides = {"--data.train=" + corpus, "--data.valid=" + corpus};
     overrides.insert(overrides.end(), parsed.overrides.begin(), parsed.overrides.end());
     options = checkpoint_options(table, checkpoint, overrides);

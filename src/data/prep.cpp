@@ -276,9 +276,14 @@ void check_options(const PrepOptions& options) {
   for (const std::string& input : options.inputs) {
     if (!files::is_regular_file(input)) throw data_error(input + ": no such input file");
     if (h5::is_hdf5_file(input)) throw data_error(input + ": an HDF5 file (a corpus?), not text or JSONL to tokenize");
-    for (const std::string& output : {options.output, valid_path})
-      if (files::same_file(input, output))
-        throw config_error("--output", output, "is also an input file: writing it would destroy the text");
+    // Writing an input would destroy the text.
+    if (files::same_file(input, options.output))
+      throw config_error("--output", options.output, "is also an input file");
+    if (options.valid_fraction > 0 && files::same_file(input, valid_path))
+      throw options.valid_output.empty()
+          ? config_error("--output", options.output, "its validation split would go to " + valid_path +
+                                                         ", an input file (give --valid-output)")
+          : config_error("--valid-output", valid_path, "is also an input file");
   }
 }
 

@@ -53,7 +53,8 @@ void add_debug_options(OptionTable& t) {
         "tests: kill (SIGKILL), kill_in_save (SIGKILL while writing a checkpoint saved at that step), "
         "sigterm (as Slurm before a time limit), hang (stops answering), nan (its gradients become NaN)");
   t.add("debug.forbid_host_sync", OptionKind::kBool, "false",
-        "tests (CUDA): a training step that makes the host wait for the GPU fails the run, naming the operation");
+        "tests (CUDA): a training step in which a LibTorch operation makes the host wait for the GPU fails the run, "
+        "with the operation's backtrace");
 }
 
 void add_log_options(OptionTable& t) {

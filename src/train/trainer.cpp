@@ -601,11 +601,18 @@ TrainResult Trainer::run() {
   for (int64_t step = start_step_ + 1; step <= steps; ++step) {
     inject_fault(step);
     StepTensors tensors;
-    {
+    const bool forbid_host_sync = config_.debug.forbid_host_sync && placement_.device.is_cuda();
+    try {
       // Without host synchronisation the host queues the next step's kernels while the GPU runs
       // this one's; the log interval below is where it waits.
-      accel::HostSyncForbidden no_waiting(config_.debug.forbid_host_sync && placement_.device.is_cuda());
+      accel::HostSyncForbidden no_waiting(forbid_host_sync);
       tensors = train_step(step);
+    } catch (const c10::Error& e) {
+      // LibTorch's message says only that an operation synchronised; its backtrace says which.
+      const bool waited = std::string(e.what()).find("synchronizing CUDA operation") != std::string::npos;
+      if (!forbid_host_sync || !waited) throw;
+      throw Error(ExitCode::kInternal, "debug.forbid_host_sync: step " + std::to_string(step) +
+                                           " made the host wait for the GPU: " + e.what());
     }
     ++interval.steps;
     progress.step_done(step);
@@ -705,7 +712,7 @@ TrainResult Trainer::run() {
 void warn_of_checkpoints_without_latest(const std::string& dir) {
   std::string newest;
   for (const std::string& name : files::directory_entries(dir))
-    if (step_of_checkpoint_file(name) >= 0 && name > newest) newest = name;
+    if (step_of_checkpoint_file(name) > (newest.empty() ? -1 : step_of_checkpoint_file(newest))) newest = name;
   if (!newest.empty())
     log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh; "
                  "set ckpt.resume to one of them to continue from it");

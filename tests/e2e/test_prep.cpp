@@ -61,7 +61,7 @@ TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
   const std::vector<Case> cases = {
       {{"--input", text, "--output", text}, 2, "--output = " + text + ": is also an input file"},
       {{"--input", text, "--output", dir + "/out.h5", "--valid-fraction", "0.1", "--valid-output", text}, 2,
-       "--output = " + text + ": is also an input file"},
+       "--valid-output = " + text + ": is also an input file"},
       {{"--input", text, "--output", dir + "/out.h5", "--threads", "-1"}, 2, "--threads = -1: 0 (one per core) to 1024"},
       {{"--input", test_corpus().train, "--output", dir + "/out.h5"}, 3,
        test_corpus().train + ": an HDF5 file (a corpus?), not text or JSONL to tokenize"},

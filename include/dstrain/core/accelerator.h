@@ -26,9 +26,10 @@ void set_current_device(int index);
 void synchronize(const torch::Device& device);
 
 // While one is alive, a LibTorch operation that would make the host wait for the GPU (reading a
-// scalar, a blocking copy to the host, synchronising a stream or the device) throws instead: how
-// a test shows that a training step queues its work without waiting for any of it. LibTorch's
-// switch is one for the process, so one at a time; nothing happens without CUDA or when inactive.
+// scalar, a blocking copy to the host, synchronising a LibTorch stream) throws c10::Error instead:
+// how a test shows that a training step queues its work without waiting for it. Waits outside
+// those (a device synchronisation, CUDA events, raw CUDA calls) go unseen. LibTorch's switch is
+// one for the process, so one at a time; nothing happens without CUDA or when inactive.
 class HostSyncForbidden {
  public:
   explicit HostSyncForbidden(bool active);
