@@ -24,7 +24,8 @@ CkptConfig read_ckpt_config(const Options& o, const std::string& run_dir) {
   CkptConfig c;
   c.dir = o.get_string("ckpt.dir");
   // Left empty in config.ini: the same configuration with another run.dir checkpoints there.
-  if (c.dir.empty()) c.dir = run_dir + "/checkpoints";
+  c.dir_in_run_dir = c.dir.empty();
+  if (c.dir_in_run_dir) c.dir = run_dir + "/checkpoints";
   c.interval = o.get_int("ckpt.interval", 0);
   c.keep_last = static_cast<int>(o.get_int("ckpt.keep_last", 0, 1 << 30));
   c.keep_every = static_cast<int>(o.get_int("ckpt.keep_every", 0, 1 << 30));

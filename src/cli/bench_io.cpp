@@ -28,13 +28,14 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   ParallelContext parallel = ParallelContext::create(RankGrid(world_size, world_size, 1));
   const std::string run_dir = o.get_string("run.dir");
-  const bool in_run_dir = o.get_string("ckpt.dir").empty();  // RUN_DIR/checkpoints
-  if (in_run_dir && run_dir.empty()) throw config_error("run.dir", "", "give a directory (or ckpt.dir) to write in");
-  const std::string dir = read_ckpt_config(o, run_dir).dir + "/bench-io";
+  const CkptConfig ckpt = read_ckpt_config(o, run_dir);
+  if (ckpt.dir_in_run_dir && run_dir.empty())
+    throw config_error("run.dir", "", "give a directory (or ckpt.dir) to write in");
+  const std::string dir = ckpt.dir + "/bench-io";
   // Removed afterwards, so it must be the benchmark's own: rank 0 looks before anyone creates it.
   const std::string seen_by_rank_0 = parallel.world_rank == 0 && files::exists(dir) ? "exists" : "";
   if (!parallel.world->broadcast_string(seen_by_rank_0, 0).empty())
-    throw config_error(in_run_dir ? "run.dir" : "ckpt.dir", in_run_dir ? run_dir : o.get_string("ckpt.dir"),
+    throw config_error(ckpt.dir_in_run_dir ? "run.dir" : "ckpt.dir", ckpt.dir_in_run_dir ? run_dir : ckpt.dir,
                        dir + " exists already; remove it, or choose another directory");
   // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
   // data-parallel ranks of a stage share its parameters and optimizer state.

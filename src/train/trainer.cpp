@@ -711,8 +711,11 @@ TrainResult Trainer::run() {
 // replace files of the same step.
 void warn_of_checkpoints_without_latest(const std::string& dir) {
   std::string newest;
-  for (const std::string& name : files::directory_entries(dir))
-    if (step_of_checkpoint_file(name) > (newest.empty() ? -1 : step_of_checkpoint_file(newest))) newest = name;
+  int64_t newest_step = -1;
+  for (const std::string& name : files::directory_entries(dir)) {
+    const int64_t step = step_of_checkpoint_file(name);  // -1 for other names
+    if (step > newest_step) newest = name, newest_step = step;
+  }
   if (!newest.empty())
     log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh; "
                  "set ckpt.resume to one of them to continue from it");
@@ -755,7 +758,7 @@ TrainResult run_training(Options options) {
     if (world_rank != 0) return;
     std::string why;
     if (!files::make_directories(config.ckpt.dir, &why)) {
-      if (options.get_string("ckpt.dir").empty())  // RUN_DIR/checkpoints: the user chose run.dir
+      if (config.ckpt.dir_in_run_dir)
         throw config_error("run.dir", config.run.dir, "cannot create " + config.ckpt.dir + " (" + why + ")");
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }

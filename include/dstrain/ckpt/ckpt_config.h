@@ -10,6 +10,7 @@ namespace dstrain {
 
 struct CkptConfig {
   std::string dir;           // resolved: never empty (RUN_DIR/checkpoints by default)
+  bool dir_in_run_dir = true;  // ckpt.dir unset: `dir` is RUN_DIR/checkpoints (errors name run.dir)
   int64_t interval = 0;      // steps between checkpoints (0: only on a signal)
   int keep_last = 3;         // retention: the newest K (0: all) ...
   int keep_every = 0;        // ... and every one whose step is a multiple of N (0: none)
