@@ -264,6 +264,11 @@ void join_parts(const PrepOptions& options, const Tokenizer& tokenizer, const st
   if (valid) summary->valid = valid->close();
 }
 
+// Where the validation split goes: --valid-output, or beside --output.
+std::string valid_output_path(const PrepOptions& options) {
+  return options.valid_output.empty() ? default_valid_path(options.output) : options.valid_output;
+}
+
 void check_options(const PrepOptions& options) {
   if (options.inputs.empty()) throw config_error("--input", "", "give at least one text or JSONL file");
   if (options.output.empty()) throw config_error("--output", "", "give the corpus file to write");
@@ -272,7 +277,7 @@ void check_options(const PrepOptions& options) {
                        "expected a number between 0 and 0.5");
   if (options.memory_limit_mb < 16)
     throw config_error("--memory-limit", std::to_string(options.memory_limit_mb), "at least 16 (MB)");
-  const std::string valid_path = options.valid_output.empty() ? default_valid_path(options.output) : options.valid_output;
+  const std::string valid_path = valid_output_path(options);
   for (const std::string& input : options.inputs) {
     if (!files::is_regular_file(input)) throw data_error(input + ": no such input file");
     if (h5::is_hdf5_file(input)) throw data_error(input + ": an HDF5 file (a corpus?), not text or JSONL to tokenize");
@@ -309,7 +314,7 @@ PrepSummary run_prep(const PrepOptions& options) {
   summary.threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   summary.ranks = several ? options.world : 1;
   const int world = summary.ranks, rank = several ? options.rank : 0;
-  const std::string valid_path = options.valid_output.empty() ? default_valid_path(options.output) : options.valid_output;
+  const std::string valid_path = valid_output_path(options);
   // In flight: up to 2 × threads + 2 batches, each its text and then up to 4 bytes of token per
   // byte of text (the byte tokenizer's worst case), and the reader's window of 4 batches.
   const size_t batch_bytes = std::clamp<uint64_t>(options.memory_limit_mb * 1000000 / (5 * (2 * summary.threads + 2) + 4),
