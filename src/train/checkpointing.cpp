@@ -72,10 +72,12 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
   if (s.global_batch != expected.global_batch)
     throw config_error("train.global_batch", std::to_string(expected.global_batch),
                        path + " was trained with " + std::to_string(s.global_batch) +
-                           " sequences per step; keep it when resuming (the data order depends on it)");
+                           " sequences per step; resume with --train.global_batch " + std::to_string(s.global_batch) +
+                           " (the data order depends on it)");
   if (s.seq_len != expected.seq_len)
     throw config_error("train.seq_len", std::to_string(expected.seq_len),
-                       path + " was trained with " + std::to_string(s.seq_len) + "; keep it when resuming");
+                       path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +
+                           std::to_string(s.seq_len));
 }
 
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {

@@ -218,6 +218,13 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
                            {"--ckpt.resume", good, "--data.train", test_corpus().valid});
   EXPECT_EQ(corpus.exit_code, 4) << corpus.output;
   EXPECT_NE(corpus.output.find("not the corpus " + good + " trained on"), std::string::npos) << corpus.output;
+
+  // The global batch fixes the data order; the error says which value resumes.
+  RunOutput batch = train(1, 1, scratch_dir("ckpt-other-batch"), {"--ckpt.resume", good, "--train.global_batch", "4"});
+  EXPECT_EQ(batch.exit_code, 2) << batch.output;
+  EXPECT_NE(batch.output.find("train.global_batch = 4: " + good +
+                              " was trained with 8 sequences per step; resume with --train.global_batch 8"),
+            std::string::npos) << batch.output;
 }
 
 // A rank that stops answering: the others give up after comm.timeout_s, say which operation
