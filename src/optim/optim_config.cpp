@@ -7,7 +7,7 @@ namespace dstrain {
 void add_optim_options(OptionTable& t) {
   t.add("optim.lr", OptionKind::kFloat, "3e-4", "peak learning rate, reached after the warmup");
   t.add("optim.min_lr", OptionKind::kFloat, "3e-5", "learning rate at the end of the cosine decay");
-  t.add("optim.warmup_steps", OptionKind::kInt, "0", "steps of linear warmup from 0 to optim.lr");
+  t.add("optim.warmup_steps", OptionKind::kInt, "0", "steps of linear warmup to optim.lr (step s trains at optim.lr × s / warmup_steps)");
   t.add("optim.decay_steps", OptionKind::kInt, "0",
         "step at which the cosine decay reaches min_lr (0: train.steps)");
   t.add("optim.beta1", OptionKind::kFloat, "0.9", "AdamW first-moment decay");

@@ -98,6 +98,11 @@ TEST(LrSchedule, WarmupThenCosineThenFloor) {
   EXPECT_NEAR(s.at(500), 0.1, 1e-12);
   LrSchedule no_warmup{2.0, 0.0, 0, 4};
   EXPECT_NEAR(no_warmup.at(1), 1.0 + std::cos(M_PI * 0.25), 1e-12);
+  // Decay over no steps: the peak at the end of warmup, the floor right after it.
+  LrSchedule no_decay{1.0, 0.1, 2, 2};
+  EXPECT_DOUBLE_EQ(no_decay.at(2), 1.0);
+  EXPECT_DOUBLE_EQ(no_decay.at(3), 0.1);
+  EXPECT_DOUBLE_EQ(no_decay.at(100), 0.1);
 }
 
 // fp32 parameters accumulate into the buffer through autograd itself (.grad is a view of it).

@@ -1,4 +1,5 @@
-// Linear warmup from 0 to the peak, then cosine decay to min_lr, then min_lr.
+// Linear warmup to the peak (step s of W trains at max_lr × s / W, so the first step already
+// learns), then cosine decay that reaches min_lr at decay_steps, then min_lr.
 #pragma once
 
 #include <cstdint>
