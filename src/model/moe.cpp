@@ -128,9 +128,9 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   return out;
 }
 
-void MoEImpl::update_bias(const torch::Tensor& load, double gamma) {
+void MoEImpl::update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;
-  if (bias_.defined()) bias_ += gamma * (load.mean() - load).sign().to(bias_.scalar_type());
+  if (bias_.defined()) bias_ += (load.mean() - load).sign().to(bias_.scalar_type()) * ((1 - skipped) * gamma);
   load_.zero_();
 }
 

@@ -168,6 +168,12 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
   }
 }
 
+void cast_trained_parameters(torch::nn::Module& model, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& p : model.parameters())
+    if (p.requires_grad() && p.scalar_type() != dtype) p.set_data(p.data().to(dtype));
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace_back(item.key(), item.value());

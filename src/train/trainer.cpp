@@ -121,8 +121,8 @@ class Trainer {
  private:
   StepTensors train_step(int64_t step);
   // MoE: the expert loads of the step, summed over the data-parallel ranks, update the
-  // balancing bias (noaux_tc) and the balance the metrics report.
-  void balance_experts();
+  // balancing bias (noaux_tc), unless the step was `skipped`, and the balance the metrics report.
+  void balance_experts(const torch::Tensor& skipped);
   double evaluate();
   torch::Tensor next_batch(DataLoader& loader);
   uint64_t consumed_samples(int64_t step) const {
@@ -214,10 +214,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     CausalLM model(c.model, slices[chunk * pp + stage]);
     initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
-    if (dtype != torch::kFloat32) {
-      torch::NoGradGuard no_grad;
-      for (torch::Tensor& p : model->parameters()) p.set_data(p.data().to(dtype));
-    }
+    cast_trained_parameters(*model, dtype);
     chunks.push_back(model);
   }
   params_ = parameters_of(chunks);
@@ -338,14 +335,14 @@ StepTensors Trainer::train_step(int64_t step) {
   optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf, divisor);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
-  if (!moe_layers_.empty()) balance_experts();
+  if (!moe_layers_.empty()) balance_experts(found_inf);
   torch::Tensor mtp_loss;
   if (config_.model.num_nextn_predict_layers > 0)
     mtp_loss = executor_->has_loss() ? executor_->mtp_loss() : torch::zeros_like(loss_sum);
   return {loss_sum, mtp_loss, norm};
 }
 
-void Trainer::balance_experts() {
+void Trainer::balance_experts(const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;
   // The whole step's expert loads (every micro-batch, every data-parallel rank), in one
   // reduction for all layers: the bias moves the same way on every rank.
@@ -354,7 +351,7 @@ void Trainer::balance_experts() {
   torch::Tensor all = torch::stack(loads);
   parallel_.dp_group->all_reduce(all, ReduceOp::kSum);
   for (size_t i = 0; i < moe_layers_.size(); ++i)
-    moe_layers_[i].second->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed);
+    moe_layers_[i].second->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed, skipped);
   expert_balance_ = std::get<0>(all.max(1)) / all.mean(1);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/parameter_file.h"
 #include "e2e_util.h"
 
@@ -82,6 +83,27 @@ TEST(DeepSeekV3, ResumesBitwiseWithItsBalancingBias) {
   RunOutput run = train_v3(1, dir, {"--ckpt.resume", single_rank() + "/checkpoints/step_00000010.h5"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(read_json(dir + "/summary.json")["param_digest"], read_json(single_rank() + "/summary.json")["param_digest"]);
+}
+
+// bf16: the balancing bias stays fp32 (its 1e-3 steps would round away in bf16 above 0.5), and a
+// step whose gradients are not finite moves neither the weights nor the bias.
+TEST(DeepSeekV3, Bf16KeepsTheBiasInFp32AndASkippedStepChangesNothing) {
+  std::string dir = scratch_dir("v3-bf16-skip");
+  RunOutput run = train_v3(1, dir, {"--train.precision", "bf16", "--train.steps", "3", "--ckpt.interval", "1",
+                                    "--optim.nonfinite", "skip", "--debug.fail_at_step", "2", "--debug.fail_mode", "nan"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  dstrain::CheckpointReader before(dir + "/checkpoints/step_00000001.h5"), after(dir + "/checkpoints/step_00000002.h5");
+  int biases = 0;
+  for (const dstrain::CheckpointReader::DatasetInfo& d : before.datasets()) {
+    if (d.name.compare(0, 6, "model/") != 0) continue;
+    const bool bias = d.name.find("e_score_correction_bias") != std::string::npos;
+    biases += bias;
+    EXPECT_EQ(d.dtype, bias ? torch::kFloat32 : torch::kBFloat16) << d.name;
+    EXPECT_TRUE(torch::equal(before.read(d.name), after.read(d.name))) << d.name << " changed in the skipped step";
+  }
+  EXPECT_EQ(biases, 3);  // layers 1 and 2, and the MTP module's
+  // ...and the bias did move in the steps that were taken.
+  EXPECT_GT(before.read("model/model.layers.1.mlp.gate.e_score_correction_bias").abs().max().item<float>(), 0);
 }
 
 // dstrain model info: the counts of the configuration, and memory per rank that follows the layout.

@@ -200,8 +200,15 @@ TEST(MoE, BiasUpdatesMoveASkewedRouterTowardBalance) {
   };
   const double before = imbalance().first;
   EXPECT_GT(before, 3.0);
-  for (int step = 0; step < 200; ++step) moe->update_bias(imbalance().second, 0.01);
+  const torch::Tensor taken = torch::zeros({}), skipped = torch::ones({});
+  for (int step = 0; step < 200; ++step) moe->update_bias(imbalance().second, 0.01, taken);
   const double after = imbalance().first;
   EXPECT_LT(after, before / 2) << "before " << before << ", after " << after;
   EXPECT_LT(moe->bias()[0].item<double>(), 0.0);  // the favourite was pushed down
+
+  // A skipped step (non-finite gradients) moves no bias, and its counts are dropped.
+  const torch::Tensor bias = moe->bias().clone();
+  moe->update_bias(imbalance().second, 0.01, skipped);
+  EXPECT_TRUE(torch::equal(moe->bias(), bias));
+  EXPECT_EQ(moe->expert_load().sum().item<double>(), 0.0);
 }

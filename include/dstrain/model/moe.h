@@ -52,7 +52,9 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor& expert_load() { return load_; }
   // V3's auxiliary-loss-free balancing: bias += gamma × sign(mean load − load), then the counts
   // restart. `load`: the counts of the whole step, summed over the data-parallel ranks.
-  void update_bias(const torch::Tensor& load, double gamma);
+  // `skipped`: a 0-d fp32 tensor, 1 when the optimizer skipped the step (non-finite gradients),
+  // which then leaves the bias as it is too; on the device, so that nothing waits for it.
+  void update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped);
   const torch::Tensor& bias() const { return bias_; }
 
  private:
