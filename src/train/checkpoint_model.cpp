@@ -1,5 +1,6 @@
 #include "dstrain/train/checkpoint_model.h"
 
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -16,10 +17,8 @@ std::string trimmed(const std::string& text) {
 
 }  // namespace
 
-std::vector<std::string> checkpoint_config_arguments(const std::string& config_text) {
-  static const std::set<std::string> kept_sections = {"model", "train", "optim", "data"};
-  static const std::set<std::string> left_out = {"train.device", "train.grad_accum"};
-  std::vector<std::string> args;
+std::map<std::string, std::string> checkpoint_config_values(const std::string& config_text) {
+  std::map<std::string, std::string> values;
   std::istringstream lines(config_text);
   std::string line, section;
   while (std::getline(lines, line)) {
@@ -30,9 +29,18 @@ std::vector<std::string> checkpoint_config_arguments(const std::string& config_t
       continue;
     }
     const size_t equals = line.find('=');
-    if (equals == std::string::npos || !kept_sections.count(section)) continue;
-    const std::string key = section + "." + trimmed(line.substr(0, equals));
-    const std::string value = trimmed(line.substr(equals + 1));
+    if (equals == std::string::npos) continue;
+    values[section + "." + trimmed(line.substr(0, equals))] = trimmed(line.substr(equals + 1));
+  }
+  return values;
+}
+
+std::vector<std::string> checkpoint_config_arguments(const std::string& config_text) {
+  static const std::set<std::string> kept_sections = {"model", "train", "optim", "data"};
+  static const std::set<std::string> left_out = {"train.device", "train.grad_accum"};
+  std::vector<std::string> args;
+  for (const auto& [key, value] : checkpoint_config_values(config_text)) {
+    if (!kept_sections.count(key.substr(0, key.find('.')))) continue;
     if (value.empty() || left_out.count(key)) continue;  // empty: the default (nothing given)
     args.push_back("--" + key + "=" + value);
   }

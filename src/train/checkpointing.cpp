@@ -1,9 +1,12 @@
 #include "dstrain/train/checkpointing.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
+#include "dstrain/train/checkpoint_model.h"
 
 namespace dstrain {
 namespace {
@@ -78,6 +81,28 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
     throw config_error("train.seq_len", std::to_string(expected.seq_len),
                        path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +
                            std::to_string(s.seq_len));
+
+  // Settings of the checkpoint's configuration that a resumed run should keep (checkpoints
+  // written before a setting existed do not have it: nothing to compare).
+  const std::map<std::string, std::string> theirs = checkpoint_config_values(s.config),
+                                           ours = checkpoint_config_values(expected.config);
+  auto changed = [&](const std::string& key) {
+    const auto there = theirs.find(key), here = ours.find(key);
+    return there != theirs.end() && here != ours.end() && there->second != here->second;
+  };
+  if (changed("run.seed"))
+    throw config_error("run.seed", ours.at("run.seed"),
+                       path + " was trained with seed " + theirs.at("run.seed") + "; resume with --run.seed " +
+                           theirs.at("run.seed") + " (the data order depends on it)");
+  std::string schedule_changes;
+  for (const char* key : {"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps"})
+    if (changed(key))
+      schedule_changes += std::string(schedule_changes.empty() ? "" : "; ") + key + " = " + theirs.at(key) +
+                          " there, " + ours.at(key) + " here";
+  if (!schedule_changes.empty())
+    log::warning("the learning-rate schedule differs from the one ", path, " was trained with (", schedule_changes,
+                 "): the run continues on its own schedule from step ", s.step + 1,
+                 " (optim.decay_steps follows train.steps unless given)");
 }
 
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {

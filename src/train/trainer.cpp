@@ -485,7 +485,8 @@ void Trainer::resume_from(const std::string& path) {
   CheckpointReader reader(path);
   const CheckpointState& state = reader.state();
   check_resumable(reader, {model_shape_text(config_.model), config_.data.train, corpus_fingerprint_,
-                           static_cast<uint64_t>(config_.loop.global_batch), static_cast<uint64_t>(config_.loop.seq_len)});
+                           static_cast<uint64_t>(config_.loop.global_batch), static_cast<uint64_t>(config_.loop.seq_len),
+                           config_text_});
   load_checkpoint(reader, *optimizer_, params_);
   grads_->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (loss_scaler_ && state.loss_scale > 0)

@@ -225,6 +225,17 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_NE(batch.output.find("train.global_batch = 4: " + good +
                               " was trained with 8 sequences per step; resume with --train.global_batch 8"),
             std::string::npos) << batch.output;
+  RunOutput seed = train(1, 1, scratch_dir("ckpt-other-seed"), {"--ckpt.resume", good, "--run.seed", "7"});
+  EXPECT_EQ(seed.exit_code, 2) << seed.output;
+  EXPECT_NE(seed.output.find("run.seed = 7: " + good + " was trained with seed 1234; resume with --run.seed 1234"),
+            std::string::npos) << seed.output;
+
+  // A longer run moves the end of the decay (optim.decay_steps follows train.steps): allowed, and said.
+  RunOutput longer = train(1, 1, scratch_dir("ckpt-longer"), {"--ckpt.resume", good, "--train.steps", "6"});
+  EXPECT_EQ(longer.exit_code, 0) << longer.output;
+  EXPECT_NE(longer.output.find("the learning-rate schedule differs from the one " + good +
+                               " was trained with (optim.decay_steps = 5 there, 6 here)"),
+            std::string::npos) << longer.output;
 }
 
 // A rank that stops answering: the others give up after comm.timeout_s, say which operation

@@ -5,6 +5,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "dstrain/ckpt/parameter_file.h"
 
 namespace dstrain {
+
+// The checkpoint's effective configuration (the INI text of /trainer's `config`) as
+// "section.key" → value.
+std::map<std::string, std::string> checkpoint_config_values(const std::string& config_text);
 
 // The checkpoint's effective configuration as `--section.key=value` arguments of `dstrain train`,
 // for the sections that describe the model and its data ([model], [train], [optim], [data]):

@@ -30,9 +30,12 @@ std::string model_shape_text(const ModelConfig& model);
 struct ResumeExpectations {
   std::string model_shape, corpus_path, corpus_fingerprint;
   uint64_t global_batch = 0, seq_len = 0;
+  std::string config;  // the run's effective configuration (INI)
 };
 // Throws Error(kCheckpoint) naming what differs: another model, another corpus; Error(kUsage)
-// for a global batch or sequence length that would change the data order.
+// for a global batch, sequence length or seed that would change the data order. Warns when the
+// learning-rate schedule differs (a longer train.steps moves the end of the decay, say): the run
+// goes on with its own.
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected);
 
 // Copies this rank's masters (or parameters), moments and step count from the checkpoint into
