@@ -18,7 +18,8 @@ void add_model_options(OptionTable& t) {
   t.add("model.rope_theta", OptionKind::kFloat, "10000", "RoPE base frequency");
   t.add("model.rope_interleave", OptionKind::kBool, "false",
         "RoPE on interleaved pairs (DeepSeek-V2/V3 checkpoints) instead of half-split (Llama format)");
-  t.add("model.rms_norm_eps", OptionKind::kFloat, "1e-6", "RMSNorm epsilon");
+  t.add("model.rms_norm_eps", OptionKind::kFloat, "1e-6",
+        "RMSNorm epsilon (MLA's q_a_layernorm and kv_a_layernorm keep 1e-6, as DeepSeek's code does)");
   t.add("model.max_seq_len", OptionKind::kInt, "4096", "longest sequence the model is built for");
   t.add("model.init_std", OptionKind::kFloat, "0.02",
         "std of the normal initialisation (output projections scaled by 1/sqrt(2 num_layers))");

@@ -46,14 +46,15 @@ torch::Tensor rotate(const torch::Tensor& v, int64_t p, double theta) {
   return out;
 }
 
+// The latent norms take RMSNorm's default epsilon, 1e-6, as DeepSeek's code builds them.
 torch::Tensor direct_mla(const ModelConfig& c, std::map<std::string, torch::Tensor>& w, const torch::Tensor& x) {
   const int64_t seq = x.size(0), H = c.num_heads, nope = c.qk_nope_head_dim, r = c.qk_rope_head_dim, vd = c.v_head_dim;
   torch::Tensor q = c.q_lora_rank > 0
-                        ? torch::matmul(rms_norm(torch::matmul(x, w["q_a_proj.weight"].t()), w["q_a_layernorm.weight"], c.rms_norm_eps),
+                        ? torch::matmul(rms_norm(torch::matmul(x, w["q_a_proj.weight"].t()), w["q_a_layernorm.weight"], 1e-6),
                                         w["q_b_proj.weight"].t())
                         : torch::matmul(x, w["q_proj.weight"].t());  // [S, H (nope + r)]
   torch::Tensor compressed = torch::matmul(x, w["kv_a_proj_with_mqa.weight"].t());
-  torch::Tensor latent = rms_norm(compressed.narrow(1, 0, c.kv_lora_rank), w["kv_a_layernorm.weight"], c.rms_norm_eps);
+  torch::Tensor latent = rms_norm(compressed.narrow(1, 0, c.kv_lora_rank), w["kv_a_layernorm.weight"], 1e-6);
   torch::Tensor kv = torch::matmul(latent, w["kv_b_proj.weight"].t());  // [S, H (nope + v)]
   const double scale = 1.0 / std::sqrt(static_cast<double>(nope + r));
   torch::Tensor out = torch::zeros({seq, H * vd}, torch::kFloat64);
@@ -84,6 +85,7 @@ TEST(MultiHeadLatentAttention, MatchesADirectComputationWithAndWithoutQueryCompr
   for (int64_t q_lora_rank : {0, 12}) {
     torch::manual_seed(3);
     ModelConfig c = mla_config(q_lora_rank);
+    c.rms_norm_eps = 0.5;  // the decoder's norms': the latent norms keep 1e-6
     MultiHeadLatentAttention mla(c);
     mla->to(torch::kFloat64);
     std::map<std::string, torch::Tensor> w;
