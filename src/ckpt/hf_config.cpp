@@ -1,5 +1,9 @@
 #include "dstrain/ckpt/hf_config.h"
 
+#include <cmath>
+#include <sstream>
+#include <tuple>
+
 #include "dstrain/core/error.h"
 
 namespace dstrain {
@@ -87,6 +91,105 @@ HfConfig hf_config(const ModelConfig& m, torch::ScalarType dtype) {
   if (!m.is_mla())
     out.warnings.push_back("an MoE model without MLA (model.kv_lora_rank = 0): DeepSeek-V2/V3's code always uses "
                            "MLA; the exported weights do not match its attention");
+  return out;
+}
+
+namespace {
+
+bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
+std::string value_text(const nlohmann::json& value) {
+  if (value.is_null()) return "none";
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_float()) {
+    std::ostringstream out;
+    out << value.get<double>();  // 0.707, 1e-06: as an INI file would say it
+    return out.str();
+  }
+  return value.dump();
+}
+
+}  // namespace
+
+HfConfigDifferences hf_config_differences(const ModelConfig& model, const nlohmann::json& theirs) {
+  const nlohmann::json ours = hf_config(model, torch::kFloat32).json;
+  HfConfigDifferences out;
+  // `option`: the dstrain setting, "" where dstrain has none (it computes only the one way).
+  auto compare = [&](const std::string& key, const nlohmann::json& there, const nlohmann::json& here,
+                     const std::string& option) {
+    if (same_value(there, here)) return;
+    out.lines.push_back(key + ": " + value_text(there) + " there, " + value_text(here) + " here" +
+                        (option.empty() ? " (dstrain computes only the latter)" : " (" + option + ")"));
+    if (!option.empty()) out.overrides.push_back("--" + option + " " + (there.is_null() ? "0" : value_text(there)));
+  };
+  static const std::vector<std::pair<const char*, const char*>> kKeys = {
+      {"vocab_size", "model.vocab_size"},
+      {"hidden_size", "model.hidden_size"},
+      {"intermediate_size", "model.intermediate_size"},
+      {"num_hidden_layers", "model.num_layers"},
+      {"num_attention_heads", "model.num_heads"},
+      {"num_key_value_heads", "model.num_kv_heads"},
+      {"rms_norm_eps", "model.rms_norm_eps"},
+      {"rope_theta", "model.rope_theta"},
+      {"q_lora_rank", "model.q_lora_rank"},
+      {"kv_lora_rank", "model.kv_lora_rank"},
+      {"qk_nope_head_dim", "model.qk_nope_head_dim"},
+      {"qk_rope_head_dim", "model.qk_rope_head_dim"},
+      {"v_head_dim", "model.v_head_dim"},
+      {"n_routed_experts", "model.n_routed_experts"},
+      {"n_shared_experts", "model.n_shared_experts"},
+      {"moe_intermediate_size", "model.moe_intermediate_size"},
+      {"num_experts_per_tok", "model.num_experts_per_tok"},
+      {"first_k_dense_replace", "model.first_k_dense_replace"},
+      {"moe_layer_freq", "model.moe_layer_freq"},
+      {"n_group", "model.n_group"},
+      {"topk_group", "model.topk_group"},
+      {"topk_method", "model.topk_method"},
+      {"scoring_func", "model.scoring_func"},
+      {"norm_topk_prob", "model.norm_topk_prob"},
+      {"routed_scaling_factor", "model.routed_scaling_factor"},
+      {"hidden_act", ""},
+      {"attention_bias", ""},
+      {"mlp_bias", ""},
+      {"tie_word_embeddings", ""}};
+  for (const auto& [key, option] : kKeys)
+    if (theirs.contains(key)) compare(key, theirs[key], ours.contains(key) ? ours[key] : nlohmann::json(), option);
+
+  // YaRN, as config.json's rope_scaling says it (HF's defaults for the keys it leaves out);
+  // without rope_scaling only the factor means anything.
+  const nlohmann::json& scaling = theirs.contains("rope_scaling") ? theirs["rope_scaling"] : nlohmann::json();
+  const std::vector<std::tuple<std::string, std::string, double, double>> yarn = {
+      {"factor", "model.rope_scaling_factor", 1.0, model.rope_scaling_factor},
+      {"original_max_position_embeddings", "model.rope_original_max_seq_len", 4096,
+       static_cast<double>(model.rope_original_max_seq_len)},
+      {"beta_fast", "model.rope_beta_fast", 32, model.rope_beta_fast},
+      {"beta_slow", "model.rope_beta_slow", 1, model.rope_beta_slow},
+      {"mscale", "model.rope_mscale", 1, model.rope_mscale},
+      {"mscale_all_dim", "model.rope_mscale_all_dim", 0, model.rope_mscale_all_dim}};
+  if (!scaling.is_object()) {
+    compare("rope_scaling.factor", 1.0, model.rope_scaling_factor, "model.rope_scaling_factor");
+  } else if (const std::string kind = scaling.value("type", scaling.value("rope_type", std::string("?")));
+             kind != "yarn") {
+    compare("rope_scaling.type", kind, "yarn", "");
+  } else {
+    for (const auto& [key, option, fallback, here] : yarn)
+      compare("rope_scaling." + key, scaling.contains(key) ? scaling[key] : nlohmann::json(fallback), here, option);
+  }
+
+  // DeepSeek-V2/V3's modelling code rotates interleaved pairs; transformers' deepseek_v3 says so
+  // with rope_interleave; Llama's rotates half-split pairs.
+  const std::string type = theirs.value("model_type", std::string());
+  const bool interleaved = theirs.contains("rope_interleave") && theirs["rope_interleave"].is_boolean()
+                               ? theirs["rope_interleave"].get<bool>()
+                               : type == "deepseek_v2" || type == "deepseek_v3";
+  compare(theirs.contains("rope_interleave") ? "rope_interleave" : "rope_interleave (as model_type " + type + " implies)",
+          interleaved, model.rope_interleave, "model.rope_interleave");
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
@@ -33,6 +34,35 @@ Error import_error(const std::vector<std::string>& problems) {
   for (size_t i = 0; i < problems.size() && i < 8; ++i) message += "\n  " + problems[i];
   if (problems.size() > 8) message += "\n  ... and " + std::to_string(problems.size() - 8) + " more";
   return Error(kCode, message);
+}
+
+// The config.json beside Hugging Face weights (in their directory, or beside their one file), when
+// there is one, must describe the computation of the configuration's model: weights read into
+// another (without the YaRN scaling they were extended with, say) would give other logits.
+void check_config_json(const std::string& source, const ModelConfig& model) {
+  const std::string dir = files::is_directory(source) ? source : files::parent(source);
+  const std::string path = (dir.empty() ? "." : dir) + "/config.json";
+  if (!files::is_regular_file(path)) return;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) throw Error(kCode, path + ": not a JSON object");
+  const HfConfigDifferences differences = hf_config_differences(model, config);
+  if (differences.lines.empty()) return;
+  std::string message = path + " describes another model than the configuration's:";
+  for (const std::string& line : differences.lines) message += "\n  " + line;
+  if (!differences.overrides.empty()) {
+    message += "\nimport with config.json's values:";
+    for (const std::string& option : differences.overrides) message += " " + option;
+  }
+  throw Error(ExitCode::kUsage, message);
+}
+
+// The MoE balancing bias is fp32 whatever the model's precision, as dstrain trains it (and as
+// DeepSeek-V3 publishes it): its steps of 1e-3 vanish in bf16.
+torch::ScalarType stored_dtype(const std::string& name, torch::ScalarType model_dtype) {
+  return ends_with(name, "e_score_correction_bias") ? torch::kFloat32 : model_dtype;
 }
 
 }  // namespace
@@ -79,6 +109,7 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
 
   const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
   const HfWeights weights(source);
+  check_config_json(source, model);
   std::set<std::string> parameters;
   std::set<int64_t> layers;  // the model's, multi-token prediction modules included
   std::vector<std::string> problems;
@@ -157,7 +188,8 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
   write_checkpoint_file(
       output, datasets,
       [&](const std::string& dataset) {
-        torch::Tensor t = weights.read(dataset.substr(6)).to(result.dtype);
+        const std::string name = dataset.substr(6);
+        torch::Tensor t = weights.read(name).to(stored_dtype(name, result.dtype));
         ++result.tensors;
         result.bytes += static_cast<int64_t>(t.nbytes());
         return t;
@@ -200,7 +232,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
   std::map<std::string, std::string> original_of;  // tensor written → dataset read
   std::vector<std::string> names;
   for (const auto& [name, info] : stored) {
-    const torch::ScalarType out = dtype.value_or(info->dtype);
+    const torch::ScalarType out = dtype ? stored_dtype(name, *dtype) : info->dtype;
     if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
       throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
                              "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");

@@ -171,6 +171,10 @@ TEST(HfImportExport, ExportImportRoundTripIsBitwiseAndUsable) {
     const torch::Tensor b = rounded.read("model/model.layers.1.mlp.experts.3.up_proj.weight");
     EXPECT_EQ(b.scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::equal(a.to(torch::kBFloat16), b));
+    // The balancing bias stays fp32 through the bf16 export and import, as dstrain trains it.
+    const std::string bias = "model/model.layers.1.mlp.gate.e_score_correction_bias";
+    EXPECT_EQ(rounded.read(bias).scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(original.read(bias), rounded.read(bias)));
   }
 
   // The imported checkpoint is the model: the same loss.
@@ -358,6 +362,27 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
   std::ofstream(dir + "/length.safetensors", std::ios::binary) << std::string("\xff\xff\xff", 3) << bytes.substr(3);
   expect_refused(dir + "/length.safetensors", {"length.safetensors: the header length", "beyond the end"});
   expect_refused(dir + "/absent", {"absent: no such file or directory"});
+
+  // A config.json beside the weights that describes another computation (here RoPE's base) is
+  // refused before anything is written, naming the settings that would agree.
+  std::string why;
+  ASSERT_TRUE(dstrain::files::make_directories(dir + "/theta", &why)) << why;
+  std::ofstream(dir + "/theta/model.safetensors", std::ios::binary) << file_bytes(dir + "/good.safetensors");
+  std::ofstream(dir + "/theta/config.json") << R"({"model_type": "llama", "hidden_size": 32, "rope_theta": 500000,
+                                                  "rope_scaling": null, "tie_word_embeddings": false})";
+  for (const std::string& output : {existing, dir + "/new.h5"}) {
+    RunOutput theta = import(dir + "/theta", output);
+    EXPECT_EQ(theta.exit_code, 2) << theta.output;
+    EXPECT_TRUE(contains(theta.output, dir + "/theta/config.json describes another model than the configuration's:\n"
+                                       "  rope_theta: 500000 there, 10000 here (model.rope_theta)\n"
+                                       "import with config.json's values: --model.rope_theta 500000"))
+        << theta.output;
+  }
+  EXPECT_FALSE(dstrain::files::exists(dir + "/new.h5"));
+  EXPECT_EQ(file_bytes(existing), existing_bytes);
+  RunOutput agreed = run_dstrain(0, {"ckpt", "import-hf", dir + "/theta", "--config", input("tiny.ini"),
+                                     "--model.rope_theta", "500000", "--output", dir + "/theta.h5"});
+  EXPECT_EQ(agreed.exit_code, 0) << agreed.output;
 
   RunOutput no_config = run_dstrain(0, {"ckpt", "import-hf", dir + "/good.safetensors", "--output", dir + "/x.h5"});
   EXPECT_EQ(no_config.exit_code, 2) << no_config.output;

@@ -270,6 +270,58 @@ TEST(HfConfig, NamesTheArchitectureAndItsKeys) {
   EXPECT_EQ(hf_config(preset("tiny", {"--model.rope_interleave", "true"}), torch::kFloat32).warnings.size(), 1u);
 }
 
+// Imports compare config.json with the configuration. DeepSeek-V2-Lite's published config.json
+// differs from the pre-training preset in its YaRN extension alone, and the overrides it names
+// make the two agree.
+TEST(HfConfig, DifferencesNameWhatChangesTheLogitsAndTheOverridesThatAgree) {
+  const nlohmann::json published = nlohmann::json::parse(R"({
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6,
+    "num_hidden_layers": 27, "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": null,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": true,
+    "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 102400})");
+  const HfConfigDifferences pretraining = hf_config_differences(preset("deepseek-v2-lite"), published);
+  EXPECT_EQ(pretraining.lines, (std::vector<std::string>{
+                                   "rope_scaling.factor: 40 there, 1 here (model.rope_scaling_factor)",
+                                   "rope_scaling.mscale: 0.707 there, 1 here (model.rope_mscale)",
+                                   "rope_scaling.mscale_all_dim: 0.707 there, 0 here (model.rope_mscale_all_dim)"}));
+  std::vector<std::string> overrides;
+  for (const std::string& option : pretraining.overrides) {
+    overrides.push_back(option.substr(0, option.find(' ')));
+    overrides.push_back(option.substr(option.find(' ') + 1));
+  }
+  EXPECT_EQ(overrides, (std::vector<std::string>{"--model.rope_scaling_factor", "40", "--model.rope_mscale", "0.707",
+                                                 "--model.rope_mscale_all_dim", "0.707"}));
+  EXPECT_TRUE(hf_config_differences(preset("deepseek-v2-lite", overrides), published).lines.empty());
+
+  // Every preset agrees with the config.json of its own export.
+  for (const char* name : {"tiny", "tiny-v3", "deepseek-llm-7b", "deepseek-v2", "deepseek-v2-lite", "deepseek-v3"})
+    EXPECT_TRUE(hf_config_differences(preset(name), hf_config(preset(name), torch::kBFloat16).json).lines.empty())
+        << name;
+
+  // What dstrain cannot compute is named without an override; RoPE's layout follows model_type.
+  nlohmann::json other = published;
+  other.erase("rope_scaling");
+  other["attention_bias"] = true;
+  other["q_lora_rank"] = 1536;
+  const HfConfigDifferences differences =
+      hf_config_differences(preset("deepseek-v2-lite", {"--model.rope_interleave", "false"}), other);
+  EXPECT_EQ(differences.lines,
+            (std::vector<std::string>{"q_lora_rank: 1536 there, none here (model.q_lora_rank)",
+                                      "attention_bias: true there, false here (dstrain computes only the latter)",
+                                      "rope_interleave (as model_type deepseek_v2 implies): true there, false here "
+                                      "(model.rope_interleave)"}));
+  EXPECT_EQ(differences.overrides, (std::vector<std::string>{"--model.q_lora_rank 1536", "--model.rope_interleave true"}));
+}
+
 // Multi-token prediction modules are the layers from num_hidden_layers on; the copies of the
 // embedding and the head that Hugging Face's files keep for each are found by name.
 TEST(HfNames, SharedCopiesOfMultiTokenPredictionModules) {

@@ -31,4 +31,15 @@ struct HfConfig {
 // lm_head is a weight of its own.
 HfConfig hf_config(const ModelConfig& model, torch::ScalarType dtype);
 
+// Where a Hugging Face model's config.json (`theirs`) describes another computation than `model`:
+// one line per setting ("rope_scaling.factor: 40 there, 1 here (model.rope_scaling_factor)"), and
+// the `--model.key value` overrides that make `model` agree where dstrain has the setting. Only
+// what changes the logits is compared (not max_position_embeddings, initializer_range,
+// aux_loss_alpha, num_nextn_predict_layers or torch_dtype). A config.json without a key says
+// nothing about it, save HF's defaults: no rope_scaling, DeepSeek-V2/V3's interleaved RoPE.
+struct HfConfigDifferences {
+  std::vector<std::string> lines, overrides;
+};
+HfConfigDifferences hf_config_differences(const ModelConfig& model, const nlohmann::json& theirs);
+
 }  // namespace dstrain
