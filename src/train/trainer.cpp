@@ -88,11 +88,30 @@ struct StepTensors {
 };
 
 // Steps since the last log line, timed from the moment the previous one had synchronised, less
-// the evaluations and checkpoint saves between log lines.
+// the evaluations and checkpoint saves between log lines; and the sums of their losses, on the
+// device (the log line reports their mean, as Megatron-LM does, not the last step's alone).
 struct Interval {
   Clock::time_point start = Clock::now();
   int64_t steps = 0;
   double excluded_seconds = 0;
+  torch::Tensor loss_sum, mtp_loss_sum, taken_steps;  // fp64; steps skipped for non-finite gradients left out
+
+  void add(const StepTensors& step) {
+    const torch::Tensor taken = step.grad_norm.isfinite();
+    auto kept = [&](const torch::Tensor& loss) {
+      const torch::Tensor value = loss.to(torch::kFloat64);
+      return torch::where(taken, value, torch::zeros_like(value));
+    };
+    auto accumulate = [](torch::Tensor& sum, const torch::Tensor& value) { sum = sum.defined() ? sum + value : value; };
+    ++steps;
+    accumulate(loss_sum, kept(step.loss));
+    if (step.mtp_loss.defined()) accumulate(mtp_loss_sum, kept(step.mtp_loss));
+    accumulate(taken_steps, taken.to(torch::kFloat64));
+  }
+  // The mean over the steps taken; the last step's value when every step was skipped.
+  static torch::Tensor mean(const torch::Tensor& sum, const torch::Tensor& taken, const torch::Tensor& last) {
+    return torch::where(taken > 0, sum / taken.clamp_min(1), last.to(torch::kFloat64));
+  }
 };
 
 struct LoggedInterval {
@@ -364,8 +383,9 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                                      double earlier_seconds) {
   // The only host synchronisation of the interval: the values below wait for its last step.
   // The losses are on the last stage: the sum over the stages brings them to every stage.
-  torch::Tensor loss = tensors.loss.to(torch::kFloat64).reshape({1});
-  if (tensors.mtp_loss.defined()) loss = torch::cat({loss, tensors.mtp_loss.to(torch::kFloat64).reshape({1})});
+  torch::Tensor loss = Interval::mean(interval.loss_sum, interval.taken_steps, tensors.loss).reshape({1});
+  if (tensors.mtp_loss.defined())
+    loss = torch::cat({loss, Interval::mean(interval.mtp_loss_sum, interval.taken_steps, tensors.mtp_loss).reshape({1})});
   parallel_.pp_group->all_reduce(loss, ReduceOp::kSum);
   parallel_.dp_group->all_reduce(loss, ReduceOp::kAvg);
   parallel_.pp_group->synchronize();
@@ -612,7 +632,7 @@ TrainResult Trainer::run() {
       throw Error(ExitCode::kInternal, "debug.forbid_host_sync: step " + std::to_string(step) +
                                            " made the host wait for the GPU: " + e.what());
     }
-    ++interval.steps;
+    interval.add(tensors);
     progress.step_done(step);
     const bool log_due = step % config_.log.interval == 0 || step == steps;
     if (log_due) {

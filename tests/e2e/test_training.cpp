@@ -113,6 +113,39 @@ TEST(Training, EvaluationIntervalIsIndependentOfTheLogInterval) {
   EXPECT_NE(run.output.find("eval at step 5 | loss"), std::string::npos) << run.output;
 }
 
+// A log line's loss is the mean over the steps since the previous one (those skipped for
+// non-finite gradients left out); its gradient norm and learning rate are its step's.
+TEST(Training, LoggedLossIsTheMeanOverTheLogInterval) {
+  const std::string each = scratch_dir("log-each"), third = scratch_dir("log-third");
+  ASSERT_EQ(train(1, each, {"--log.interval", "1"}).exit_code, 0);
+  ASSERT_EQ(train(1, third, {"--log.interval", "3"}).exit_code, 0);
+  const auto steps = train_records(each), means = train_records(third);
+  ASSERT_EQ(steps.size(), 20u);
+  ASSERT_EQ(means.size(), 7u);  // steps 3, 6, ..., 18 and 20
+  for (const auto& record : means) {
+    const int64_t step = record["step"].get<int64_t>(), first = step == 20 ? 19 : step - 2;
+    double sum = 0;
+    for (int64_t s = first; s <= step; ++s) sum += steps[static_cast<size_t>(s - 1)]["loss"].get<double>();
+    EXPECT_NEAR(record["loss"].get<double>(), sum / static_cast<double>(step - first + 1), 1e-9) << "step " << step;
+    EXPECT_EQ(record["grad_norm"], steps[static_cast<size_t>(step - 1)]["grad_norm"]) << "step " << step;
+    EXPECT_EQ(record["lr"], steps[static_cast<size_t>(step - 1)]["lr"]) << "step " << step;
+  }
+
+  const std::vector<std::string> skip_step_2 = {"--train.steps", "3", "--optim.nonfinite", "skip",
+                                                "--debug.fail_at_step", "2", "--debug.fail_mode", "nan"};
+  auto with = [&](std::vector<std::string> args, const std::string& interval) {
+    args.insert(args.end(), {"--log.interval", interval});
+    return args;
+  };
+  const std::string skipped_each = scratch_dir("log-skip-each"), skipped_third = scratch_dir("log-skip-third");
+  ASSERT_EQ(train(1, skipped_each, with(skip_step_2, "1")).exit_code, 0);
+  ASSERT_EQ(train(1, skipped_third, with(skip_step_2, "3")).exit_code, 0);
+  const auto a = train_records(skipped_each), b = train_records(skipped_third);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NEAR(b[0]["loss"].get<double>(), (a[0]["loss"].get<double>() + a[2]["loss"].get<double>()) / 2, 1e-9);
+}
+
 TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
   std::string dir = scratch_dir("errors");
   std::ofstream(dir + "/a-file") << "not a directory\n";
