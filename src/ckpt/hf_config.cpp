@@ -84,6 +84,10 @@ HfConfig hf_config(const ModelConfig& m, torch::ScalarType dtype) {
   j["scoring_func"] = m.scoring_func;
   j["norm_topk_prob"] = m.norm_topk_prob;
   j["routed_scaling_factor"] = m.routed_scaling_factor;
+  if (!v3 && m.norm_topk_prob && m.routed_scaling_factor != 1.0)
+    out.warnings.push_back("model.routed_scaling_factor = " + std::to_string(m.routed_scaling_factor) +
+                           " with model.norm_topk_prob: DeepSeek-V2's code applies the factor only without "
+                           "normalisation; the exported model will not compute what dstrain does");
   j["aux_loss_alpha"] = m.aux_loss_alpha;
   j["seq_aux"] = true;  // dstrain's balance loss is the sequence-wise one
   j["ep_size"] = 1;
@@ -158,8 +162,18 @@ HfConfigDifferences hf_config_differences(const ModelConfig& model, const nlohma
       {"attention_bias", ""},
       {"mlp_bias", ""},
       {"tie_word_embeddings", ""}};
-  for (const auto& [key, option] : kKeys)
-    if (theirs.contains(key)) compare(key, theirs[key], ours.contains(key) ? ours[key] : nlohmann::json(), option);
+  const std::string type = theirs.value("model_type", std::string());
+  // DeepSeek-V2's code scales the routed experts' output only when it does not renormalise their
+  // weights (V3's, and dstrain, in both cases).
+  const bool factor_ignored = type == "deepseek_v2" && theirs.value("norm_topk_prob", false);
+  for (const auto& [key, option] : kKeys) {
+    if (!theirs.contains(key)) continue;
+    const nlohmann::json here = ours.contains(key) ? ours[key] : nlohmann::json();
+    if (factor_ignored && key == std::string("routed_scaling_factor"))
+      compare("routed_scaling_factor (which deepseek_v2 ignores with norm_topk_prob)", 1.0, here, option);
+    else
+      compare(key, theirs[key], here, option);
+  }
 
   // YaRN, as config.json's rope_scaling says it (HF's defaults for the keys it leaves out);
   // without rope_scaling only the factor means anything.
@@ -184,7 +198,6 @@ HfConfigDifferences hf_config_differences(const ModelConfig& model, const nlohma
 
   // DeepSeek-V2/V3's modelling code rotates interleaved pairs; transformers' deepseek_v3 says so
   // with rope_interleave; Llama's rotates half-split pairs.
-  const std::string type = theirs.value("model_type", std::string());
   const bool interleaved = theirs.contains("rope_interleave") && theirs["rope_interleave"].is_boolean()
                                ? theirs["rope_interleave"].get<bool>()
                                : type == "deepseek_v2" || type == "deepseek_v3";

@@ -320,6 +320,25 @@ TEST(HfConfig, DifferencesNameWhatChangesTheLogitsAndTheOverridesThatAgree) {
                                       "rope_interleave (as model_type deepseek_v2 implies): true there, false here "
                                       "(model.rope_interleave)"}));
   EXPECT_EQ(differences.overrides, (std::vector<std::string>{"--model.q_lora_rank 1536", "--model.rope_interleave true"}));
+
+  // DeepSeek-V2 ignores routed_scaling_factor when it renormalises the top-k weights; dstrain,
+  // like V3, applies it: export warns, import asks for a factor of 1.
+  nlohmann::json normalised = published;
+  normalised["norm_topk_prob"] = true;
+  normalised["routed_scaling_factor"] = 16.0;
+  const ModelConfig lite = preset("deepseek-v2-lite", {"--model.norm_topk_prob", "true", "--model.rope_scaling_factor",
+                                                       "40", "--model.rope_mscale", "0.707",
+                                                       "--model.rope_mscale_all_dim", "0.707"});
+  EXPECT_TRUE(hf_config_differences(lite, normalised).lines.empty());
+  const ModelConfig scaled = preset("deepseek-v2-lite", {"--model.norm_topk_prob", "true", "--model.rope_scaling_factor",
+                                                         "40", "--model.rope_mscale", "0.707",
+                                                         "--model.rope_mscale_all_dim", "0.707",
+                                                         "--model.routed_scaling_factor", "16"});
+  EXPECT_EQ(hf_config_differences(scaled, normalised).lines,
+            (std::vector<std::string>{"routed_scaling_factor (which deepseek_v2 ignores with norm_topk_prob): 1 there, "
+                                      "16 here (model.routed_scaling_factor)"}));
+  EXPECT_EQ(hf_config(scaled, torch::kFloat32).warnings.size(), 1u);
+  EXPECT_TRUE(hf_config(lite, torch::kFloat32).warnings.empty());
 }
 
 // Multi-token prediction modules are the layers from num_hidden_layers on; the copies of the
