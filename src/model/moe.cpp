@@ -86,6 +86,7 @@ MoEImpl::MoEImpl(const ModelConfig& c) : config_(c) {
     bias_ = gate->register_parameter("e_score_correction_bias", torch::zeros({c.n_routed_experts}),
                                      /*requires_grad=*/false);
   load_ = register_buffer("expert_load", torch::zeros({c.n_routed_experts}));
+  balance_loss_ = register_buffer("balance_loss", torch::zeros({}));
   auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < c.n_routed_experts; ++i)
     experts_.push_back(experts->register_module(std::to_string(i), SwiGLU(c.hidden_size, c.moe_intermediate_size)));
@@ -123,8 +124,14 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   torch::Tensor routed = torch::zeros_like(flat).index_add(0, token_of, torch::cat(outputs, 0) * weights);
   torch::Tensor out = shared_experts_ ? routed + shared_experts_(flat) : routed;
   out = out.view({batch, seq, hidden});
-  if (is_training() && config_.aux_loss_alpha > 0)
-    out = attach_auxiliary_loss(out, sequence_balance_loss(routing, batch, config_));
+  if (is_training() && config_.aux_loss_alpha > 0) {
+    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_);
+    {
+      torch::NoGradGuard no_grad;
+      balance_loss_ += balance.detach().to(balance_loss_.scalar_type());
+    }
+    out = attach_auxiliary_loss(out, balance);
+  }
   return out;
 }
 
@@ -132,6 +139,7 @@ void MoEImpl::update_bias(const torch::Tensor& load, double gamma, const torch::
   torch::NoGradGuard no_grad;
   if (bias_.defined()) bias_ += (load.mean() - load).sign().to(bias_.scalar_type()) * ((1 - skipped) * gamma);
   load_.zero_();
+  balance_loss_.zero_();
 }
 
 }  // namespace dstrain

@@ -24,6 +24,7 @@ std::string tensorboard_tag(const std::string& key) {
       {"pipeline_idle", "perf/pipeline_idle"},
       {"memory_gib", "perf/memory_gib"},
       {"expert_load_max_over_mean", "moe/expert_load_max_over_mean"},
+      {"balance_loss", "moe/balance_loss"},
   };
   if (key == "step") return "";
   auto it = tags.find(key);

@@ -84,6 +84,7 @@ void write_text_file(const std::string& path, const std::string& text) {
 struct StepTensors {
   torch::Tensor loss;       // this rank's mean next-token loss over its micro-batches
   torch::Tensor mtp_loss;   // ... and multi-token prediction loss (0 on the other stages; undefined without MTP)
+  torch::Tensor balance_loss;  // MoE: this stage's layers' balance losses, summed (undefined without aux_loss_alpha)
   torch::Tensor grad_norm;  // global, before clipping
 };
 
@@ -94,7 +95,7 @@ struct Interval {
   Clock::time_point start = Clock::now();
   int64_t steps = 0;
   double excluded_seconds = 0;
-  torch::Tensor loss_sum, mtp_loss_sum, taken_steps;  // fp64; steps skipped for non-finite gradients left out
+  torch::Tensor loss_sum, mtp_loss_sum, balance_loss_sum, taken_steps;  // fp64; skipped steps left out
 
   void add(const StepTensors& step) {
     const torch::Tensor taken = step.grad_norm.isfinite();
@@ -106,6 +107,7 @@ struct Interval {
     ++steps;
     accumulate(loss_sum, kept(step.loss));
     if (step.mtp_loss.defined()) accumulate(mtp_loss_sum, kept(step.mtp_loss));
+    if (step.balance_loss.defined()) accumulate(balance_loss_sum, kept(step.balance_loss));
     accumulate(taken_steps, taken.to(torch::kFloat64));
   }
   // The mean over the steps taken; the last step's value when every step was skipped.
@@ -141,7 +143,9 @@ class Trainer {
   StepTensors train_step(int64_t step);
   // MoE: the expert loads of the step, summed over the data-parallel ranks, update the
   // balancing bias (noaux_tc), unless the step was `skipped`, and the balance the metrics report.
-  void balance_experts(const torch::Tensor& skipped);
+  // Returns the step's balance loss of this stage's layers (mean over micro-batches and
+  // data-parallel ranks, summed over layers), or undefined without model.aux_loss_alpha.
+  torch::Tensor balance_experts(const torch::Tensor& skipped);
   double evaluate();
   torch::Tensor next_batch(DataLoader& loader);
   uint64_t consumed_samples(int64_t step) const {
@@ -354,24 +358,34 @@ StepTensors Trainer::train_step(int64_t step) {
   optimizer_->step(schedule_.at(step), grads_->shard_grads(), found_inf, divisor);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (loss_scaler_) loss_scaler_->update(found_inf);
-  if (!moe_layers_.empty()) balance_experts(found_inf);
+  torch::Tensor balance_loss;
+  if (!moe_layers_.empty()) balance_loss = balance_experts(found_inf);
+  // Every stage reports each loss (zeros where it has none): the log line sums them over stages.
+  if (config_.model.n_routed_experts > 0 && config_.model.aux_loss_alpha > 0 && !balance_loss.defined())
+    balance_loss = torch::zeros_like(loss_sum);
   torch::Tensor mtp_loss;
   if (config_.model.num_nextn_predict_layers > 0)
     mtp_loss = executor_->has_loss() ? executor_->mtp_loss() : torch::zeros_like(loss_sum);
-  return {loss_sum, mtp_loss, norm};
+  return {loss_sum, mtp_loss, balance_loss, norm};
 }
 
-void Trainer::balance_experts(const torch::Tensor& skipped) {
+torch::Tensor Trainer::balance_experts(const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;
-  // The whole step's expert loads (every micro-batch, every data-parallel rank), in one
-  // reduction for all layers: the bias moves the same way on every rank.
-  std::vector<torch::Tensor> loads;
-  for (auto& [index, moe] : moe_layers_) loads.push_back(moe->expert_load());
-  torch::Tensor all = torch::stack(loads);
+  // The whole step's expert loads (every micro-batch, every data-parallel rank) and, in a last
+  // column, balance losses, in one reduction for all layers: the bias moves the same way on
+  // every rank.
+  std::vector<torch::Tensor> rows;
+  for (auto& [index, moe] : moe_layers_)
+    rows.push_back(torch::cat({moe->expert_load(), moe->balance_loss().reshape({1})}));
+  torch::Tensor all = torch::stack(rows);
   parallel_.dp_group->all_reduce(all, ReduceOp::kSum);
+  const int64_t experts = config_.model.n_routed_experts;
+  const torch::Tensor loads = all.narrow(1, 0, experts);
   for (size_t i = 0; i < moe_layers_.size(); ++i)
-    moe_layers_[i].second->update_bias(all[static_cast<int64_t>(i)], config_.model.bias_update_speed, skipped);
-  expert_balance_ = std::get<0>(all.max(1)) / all.mean(1);
+    moe_layers_[i].second->update_bias(loads[static_cast<int64_t>(i)], config_.model.bias_update_speed, skipped);
+  expert_balance_ = std::get<0>(loads.max(1)) / loads.mean(1);
+  if (config_.model.aux_loss_alpha <= 0) return {};
+  return all.select(1, experts).sum() / static_cast<double>(config_.loop.grad_accum * parallel_.grid.dp());
 }
 
 double Trainer::evaluate() {
@@ -383,9 +397,12 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
                                      double earlier_seconds) {
   // The only host synchronisation of the interval: the values below wait for its last step.
   // The losses are on the last stage: the sum over the stages brings them to every stage.
-  torch::Tensor loss = Interval::mean(interval.loss_sum, interval.taken_steps, tensors.loss).reshape({1});
+  std::vector<torch::Tensor> losses = {Interval::mean(interval.loss_sum, interval.taken_steps, tensors.loss)};
   if (tensors.mtp_loss.defined())
-    loss = torch::cat({loss, Interval::mean(interval.mtp_loss_sum, interval.taken_steps, tensors.mtp_loss).reshape({1})});
+    losses.push_back(Interval::mean(interval.mtp_loss_sum, interval.taken_steps, tensors.mtp_loss));
+  if (tensors.balance_loss.defined())
+    losses.push_back(Interval::mean(interval.balance_loss_sum, interval.taken_steps, tensors.balance_loss));
+  torch::Tensor loss = torch::stack(losses);
   parallel_.pp_group->all_reduce(loss, ReduceOp::kSum);
   parallel_.dp_group->all_reduce(loss, ReduceOp::kAvg);
   parallel_.pp_group->synchronize();
@@ -417,6 +434,12 @@ LoggedInterval Trainer::log_interval(int64_t step, const StepTensors& tensors, c
     const double mtp_loss = loss[1].item<double>();
     record["mtp_loss"] = mtp_loss;
     std::snprintf(text, sizeof text, " | MTP loss %.4f", mtp_loss);
+    extra += text;
+  }
+  if (tensors.balance_loss.defined()) {
+    const double balance_loss = loss[static_cast<int64_t>(losses.size()) - 1].item<double>();
+    record["balance_loss"] = balance_loss;
+    std::snprintf(text, sizeof text, " | balance loss %.3g", balance_loss);
     extra += text;
   }
   if (peak_flops_ > 0) {

@@ -52,6 +52,11 @@ TEST(DeepSeekV3, DataAndPipelineParallelMatchOneRank) {
     // stage computed.
     ASSERT_TRUE(mine[i].contains("mtp_loss"));
     EXPECT_NEAR(mine[i]["mtp_loss"].get<double>(), reference[i]["mtp_loss"].get<double>(), 1e-5) << "step " << i + 1;
+    // The balance losses of the MoE layers, on both stages, summed.
+    ASSERT_TRUE(mine[i].contains("balance_loss"));
+    EXPECT_NEAR(mine[i]["balance_loss"].get<double>(), reference[i]["balance_loss"].get<double>(), 1e-7)
+        << "step " << i + 1;
+    EXPECT_GT(reference[i]["balance_loss"].get<double>(), 0.0);
     ASSERT_TRUE(reference[i].contains("expert_load_max_over_mean"));
     // Layers 1 and 2 are MoE layers, and so is the MTP module's (layer 3).
     EXPECT_EQ(reference[i]["expert_load_max_over_mean"].size(), 3u);

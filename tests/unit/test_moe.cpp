@@ -176,6 +176,28 @@ TEST(MoE, SequenceBalanceLossEqualsTheFormula) {
   }
   expected = expected / sequences * c.aux_loss_alpha;
   EXPECT_NEAR(sequence_balance_loss(r, sequences, c).item<double>(), expected, 1e-7);
+
+  // The layer sums the losses of its training forward passes for the metrics, until the step's
+  // bias update restarts them; evaluation adds nothing.
+  MoE moe(c);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : moe->named_parameters()) item.value().normal_(0, 0.3);
+  }
+  double sum = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const torch::Tensor x = torch::randn({sequences, T, c.hidden_size});
+    const torch::Tensor logits = torch::nn::functional::linear(x.reshape({sequences * T, c.hidden_size}),
+                                                               moe->named_parameters()["gate.weight"]);
+    sum += sequence_balance_loss(route_tokens(logits, {}, c), sequences, c).item<double>();
+    moe(x);
+  }
+  EXPECT_NEAR(moe->balance_loss().item<double>(), sum, 1e-6);
+  moe->eval();
+  moe(torch::randn({sequences, T, c.hidden_size}));
+  EXPECT_NEAR(moe->balance_loss().item<double>(), sum, 1e-6);
+  moe->update_bias(moe->expert_load(), 0.01, torch::zeros({}));
+  EXPECT_EQ(moe->balance_loss().item<double>(), 0.0);
 }
 
 // A router that sends most tokens to expert 0: updating the bias from the loads (gamma 0.01)

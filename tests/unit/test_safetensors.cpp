@@ -321,6 +321,11 @@ TEST(HfConfig, DifferencesNameWhatChangesTheLogitsAndTheOverridesThatAgree) {
                                       "(model.rope_interleave)"}));
   EXPECT_EQ(differences.overrides, (std::vector<std::string>{"--model.q_lora_rank 1536", "--model.rope_interleave true"}));
 
+  nlohmann::json linear = published;
+  linear["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  EXPECT_EQ(hf_config_differences(preset("deepseek-v2-lite"), linear).lines,
+            (std::vector<std::string>{"rope_scaling.type: linear there (dstrain computes YaRN or no scaling)"}));
+
   // DeepSeek-V2 ignores routed_scaling_factor when it renormalises the top-k weights; dstrain,
   // like V3, applies it: export warns, import asks for a factor of 1.
   nlohmann::json normalised = published;

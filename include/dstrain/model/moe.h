@@ -50,8 +50,11 @@ class MoEImpl : public torch::nn::Module {
 
   // Tokens each routed expert received in training forward passes since the last reset, fp32 [experts].
   torch::Tensor& expert_load() { return load_; }
+  // The sum of those passes' sequence-wise balance losses (× aux_loss_alpha), fp32 0-d: what the
+  // metrics report.
+  torch::Tensor& balance_loss() { return balance_loss_; }
   // V3's auxiliary-loss-free balancing: bias += gamma × sign(mean load − load), then the counts
-  // restart. `load`: the counts of the whole step, summed over the data-parallel ranks.
+  // and the balance loss restart. `load`: the counts of the whole step, summed over the data-parallel ranks.
   // `skipped`: a 0-d fp32 tensor, 1 when the optimizer skipped the step (non-finite gradients),
   // which then leaves the bias as it is too; on the device, so that nothing waits for it.
   void update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped);
@@ -59,7 +62,7 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
-  torch::Tensor gate_weight_, bias_, load_;
+  torch::Tensor gate_weight_, bias_, load_, balance_loss_;
   std::vector<SwiGLU> experts_;
   SwiGLU shared_experts_{nullptr};
 };
