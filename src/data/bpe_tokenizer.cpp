@@ -82,16 +82,6 @@ PieceCache& thread_cache(uint64_t owner) {
   return cache;
 }
 
-std::string escape_literal(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x80 && !std::isalnum(u)) out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 // One entry of pre_tokenizer (possibly a Sequence) → the splitters it stands for, in order.
 template <typename Add>
 void read_pre_tokenizer(const json& node, const std::string& where, const std::string& field, Add add) {
@@ -172,9 +162,16 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
     if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
       throw field_error(where, "decoder.type", "'" + decoder.value("type", std::string("?")) + "': expected ByteLevel");
 
+    // Ids index tables: a negative, fractional or absurd one is an error, not a wrap-around.
+    auto read_id = [&](const json& id, const std::string& field) {
+      constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId)
+        throw field_error(where, field, "id " + id.dump() + " is not an integer from 0 to " + std::to_string(kMaxId));
+      return static_cast<uint32_t>(id.get<int64_t>());
+    };
     uint32_t max_id = 0;
     for (const auto& [token, id] : model.at("vocab").items()) {
-      uint32_t value = id.get<uint32_t>();
+      const uint32_t value = read_id(id, "model.vocab '" + token + "'");
       t->vocab_[token] = value;
       max_id = std::max(max_id, value);
     }
@@ -184,30 +181,35 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
       for (const char* flag : {"single_word", "lstrip", "rstrip"})
         if (entry.value(flag, false))
           throw field_error(where, "added_tokens '" + content + "'." + flag, "true is not supported; expected false");
-      uint32_t id = entry.at("id").get<uint32_t>();
       if (content.empty()) throw field_error(where, "added_tokens", "a token with empty content");
+      // A token the vocabulary already has keeps its vocabulary id, as Hugging Face's loader gives it.
+      const auto in_vocab = t->vocab_.find(content);
+      const uint32_t id = in_vocab != t->vocab_.end() ? in_vocab->second
+                                                      : read_id(entry.at("id"), "added_tokens '" + content + "'");
       added.emplace_back(content, id);
       t->added_[content] = id;
       max_id = std::max(max_id, id);
     }
     t->vocab_size_ = max_id + 1;
 
-    // Every byte needs its symbol: that is what makes any input encodable.
+    // Every byte needs its symbol: that is what makes any input encodable. Bytes that valid UTF-8
+    // never contains (C0, C1, F5-FF) may be missing, as in DeepSeek-LLM's vocabulary: such a byte
+    // of invalid input is read as U+FFFD, the replacement character.
     const auto& chars = byte_level::byte_to_chars();
     for (int b = 0; b < 256; ++b) {
       auto found = t->vocab_.find(chars[b]);
-      if (found == t->vocab_.end())
+      const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+      if (found == t->vocab_.end() && !never_in_utf8)
         throw field_error(where, "model.vocab", "no entry for byte " + std::to_string(b) + " ('" + chars[b] +
                                                     "'): not a byte-level vocabulary");
-      t->byte_ids_[b] = found->second;
+      t->byte_ids_[b] = found == t->vocab_.end() ? kNoSymbol : found->second;
     }
     t->id_bytes_.assign(t->vocab_size_, std::string());
     std::string bytes;
-    for (const auto& [token, id] : t->vocab_) {
-      if (!byte_level::chars_to_bytes(token, &bytes))
-        throw field_error(where, "model.vocab", "entry '" + token + "' is not in the byte-level alphabet");
-      t->id_bytes_[id] = bytes;
-    }
+    for (const auto& [token, id] : t->vocab_)
+      // An entry outside the byte-level alphabet (a special token the trainer wrote into the
+      // vocabulary) is never made by merges; it decodes as written.
+      t->id_bytes_[id] = byte_level::chars_to_bytes(token, &bytes) ? bytes : token;
     for (const auto& [content, id] : added) t->id_bytes_[id] = content;
 
     const json& merges = model.at("merges");
@@ -229,8 +231,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
       if (l == t->vocab_.end() || r == t->vocab_.end() || m == t->vocab_.end())
         throw field_error(where, "model.merges[" + std::to_string(rank) + "]",
                           "'" + left + " " + right + "' names a token missing from model.vocab");
-      // The first occurrence of a pair wins, as in Hugging Face's tokenizers.
-      t->merges_.emplace((uint64_t{l->second} << 32) | r->second, Merge{static_cast<uint32_t>(rank), m->second});
+      // The last occurrence of a pair wins, as in Hugging Face's tokenizers (its merge map is
+      // collected from the list in order).
+      t->merges_[(uint64_t{l->second} << 32) | r->second] = Merge{static_cast<uint32_t>(rank), m->second};
     }
 
     read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
@@ -241,7 +244,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
       // Longest first, so that a token that is a prefix of another never wins over it.
       std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
       std::string alternation;
-      for (const auto& [content, id] : added) alternation += (alternation.empty() ? "" : "|") + escape_literal(content);
+      for (const auto& [content, id] : added) alternation += (alternation.empty() ? "" : "|") + regex_escape(content);
       t->added_splitter_ = std::make_unique<RegexSplitter>(alternation, false, where + ": added_tokens");
     }
   } catch (const json::exception& e) {
@@ -307,8 +310,8 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>*
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>* out) const {
   if (piece.empty()) return;
-  if (piece.size() == 1) {  // a single byte is its own symbol: no lookup needed
-    out->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+  if (piece.size() == 1 && byte_ids_[static_cast<unsigned char>(piece[0])] != kNoSymbol) {
+    out->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);  // its own symbol: no lookup needed
     return;
   }
   PieceCache& cache = thread_cache(instance_);
@@ -328,7 +331,11 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>* o
   }
   if (symbols.empty()) {
     symbols.reserve(piece.size());
-    for (unsigned char b : piece) symbols.push_back(byte_ids_[b]);
+    for (unsigned char b : piece) {
+      if (byte_ids_[b] != kNoSymbol) symbols.push_back(byte_ids_[b]);
+      else
+        for (unsigned char r : std::string(kReplacementCharacter)) symbols.push_back(byte_ids_[r]);
+    }
     merge_symbols(&symbols);
   }
   out->insert(out->end(), symbols.begin(), symbols.end());

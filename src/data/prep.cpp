@@ -141,7 +141,11 @@ uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer&
           }
           batch->tokens.resize(batch->segments.size());
           for (size_t i = 0; i < batch->segments.size(); ++i) {
-            batch->tokens[i] = tokenizer.encode(batch->segments[i].text);
+            try {
+              batch->tokens[i] = tokenizer.encode(batch->segments[i].text);
+            } catch (const Error& e) {  // the text's fault: say which
+              throw Error(e.code(), batch->segments[i].where + ": " + e.what());
+            }
             std::string().swap(batch->segments[i].text);  // the text is no longer needed
           }
           std::lock_guard<std::mutex> lock(mutex);

@@ -1,5 +1,7 @@
 #include "dstrain/data/regex_splitter.h"
 
+#include <cctype>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -84,11 +86,22 @@ std::string rewrite_whitespace_classes(const std::string& pattern) {
   return out;
 }
 
+std::string regex_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x80 && !std::isalnum(u)) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std::string& where) {
-  const std::string source = literal ? pattern : rewrite_whitespace_classes(pattern);
+  // A literal is escaped rather than compiled with PCRE2_LITERAL, which PCRE2 refuses with UCP.
+  const std::string source = literal ? regex_escape(pattern) : rewrite_whitespace_classes(pattern);
   // UTF + UCP: \p{..}, \d, \w and case folding by Unicode properties. MULTILINE: ^ and $ at line
   // ends, as in Oniguruma's Ruby syntax that Hugging Face's tokenizers compile patterns with.
-  uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_MULTILINE);
+  uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_MULTILINE;
   int error = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), flags,
@@ -100,6 +113,7 @@ RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std
                                       std::to_string(offset) + ": " + reinterpret_cast<char*>(message));
   }
   code_ = code;
+  where_ = where;
   ascii_gpt2_ = !literal && (pattern == kGpt2Pattern || pattern == kGpt2PatternFast);
   // Without JIT (some platforms) the interpreter gives the same matches, only slower.
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
@@ -118,7 +132,9 @@ bool RegexSplitter::find(std::string_view text, size_t from, size_t* start, size
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      throw Error(ExitCode::kData, std::string("regular expression match failed: ") + reinterpret_cast<char*>(message));
+      throw Error(ExitCode::kData, where_ + ": its regular expression gave up on this text at byte " +
+                                       std::to_string(search) + " (" + reinterpret_cast<char*>(message) +
+                                       "; a very long run of spaces or symbols?)");
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     if (ovector[1] > ovector[0]) {

@@ -3,6 +3,8 @@
 // an independent implementation on real text is tests/parity/bpe_parity.sh.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include <random>
@@ -223,6 +225,58 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
   SCOPED_TRACE("case 10");
   expect_error([&] { BpeTokenizer::from_file("/nonexistent/tokenizer.json"); }, ExitCode::kUsage,
                {"--tokenizer", "/nonexistent/tokenizer.json"});
+}
+
+// Shapes of real files that Hugging Face's tokenizers loads, encoded as it encodes them.
+TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
+  const auto& chars = byte_level::byte_to_chars();
+  // DeepSeek-LLM's: no vocabulary entry for the bytes valid UTF-8 never has (C0, C1, F5-FF); their
+  // characters are ordinary added tokens instead, which match those characters in the text.
+  json llm = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  uint32_t next_id = 300;
+  std::map<int, uint32_t> added_id;
+  for (int b : {0xC0, 0xC1, 0xF5, 0xFC, 0xFF}) {
+    llm["model"]["vocab"].erase(chars[b]);
+    added_id[b] = next_id;
+    llm["added_tokens"].push_back(json{{"id", next_id++}, {"content", chars[b]}, {"special", false}});
+  }
+  auto deepseek_llm = load(llm);
+  EXPECT_EQ(deepseek_llm->encode("\xC3\xBC"), (std::vector<uint32_t>{added_id[0xFC]}));  // "ü", U+00FC
+  // The byte itself (invalid UTF-8) reads as U+FFFD, whose bytes the vocabulary has.
+  EXPECT_EQ(deepseek_llm->encode("a\xFC"), (std::vector<uint32_t>{'a', 0xEF, 0xBF, 0xBD}));
+  EXPECT_EQ(deepseek_llm->encode("\xFF"), (std::vector<uint32_t>{0xEF, 0xBF, 0xBD}));
+  EXPECT_EQ(deepseek_llm->decode(deepseek_llm->encode("he\xC3\xBC")), "he\xC3\xBC");
+  llm["model"]["vocab"].erase(chars[0x80]);  // a byte valid UTF-8 has: still required
+  expect_error([&] { load(llm); }, ExitCode::kUsage, {"model.vocab", "byte 128"});
+
+  // Special tokens written into model.vocab (outside the byte-level alphabet); an added token with
+  // the same content keeps the vocabulary's id whatever id it is given.
+  json specials = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  const std::string bos = "<\uFF5Cbegin\u2581of\u2581sentence\uFF5C>";
+  specials["model"]["vocab"][bos] = 400;
+  specials["added_tokens"].push_back(json{{"id", 999}, {"content", bos}, {"special", true}});
+  auto with_specials = load(specials);
+  EXPECT_EQ(with_specials->encode(bos + "he"), (std::vector<uint32_t>{400, 256}));
+  EXPECT_EQ(with_specials->decode({400, 256}), bos + "he");
+  EXPECT_EQ(with_specials->vocab_size(), 401u);
+
+  // Split with a literal pattern.
+  json literal = small_tokenizer({{"a", "b"}}, json{{"type", "Split"}, {"pattern", json{{"String", "."}}},
+                                                    {"behavior", "Removed"}, {"invert", false}});
+  EXPECT_EQ(load(literal)->encode("ab.xab"), (std::vector<uint32_t>{256, 'x', 256}));
+
+  // A pair listed twice takes its last rank, as in Hugging Face's merge map: "e l" (rank 1) before
+  // "l l" (ranks 0 and 2).
+  json twice = small_tokenizer({{"l", "l"}, {"e", "l"}}, gpt2_pre_tokenizer());
+  twice["model"]["merges"].push_back("l l");
+  EXPECT_EQ(load(twice)->encode("ell"), (std::vector<uint32_t>{257, 'l'}));
+
+  // Ids that would index tables wrongly are refused, naming the entry.
+  for (const json& id : {json(-1), json(4294967295u), json(1.5)}) {
+    json bad = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+    bad["model"]["vocab"]["a"] = id;
+    expect_error([&] { load(bad); }, ExitCode::kUsage, {"model.vocab 'a'", "is not an integer from 0 to 16777215"});
+  }
 }
 
 // A recorded name's identity: byte, or a tokenizer.json's content hash whatever its file name;

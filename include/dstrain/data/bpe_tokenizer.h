@@ -61,7 +61,9 @@ class BpeTokenizer : public Tokenizer {
   bool ignore_merges_ = false;
   std::unordered_map<std::string, uint32_t> vocab_;      // byte-level string → id
   std::unordered_map<uint64_t, Merge> merges_;           // (left << 32 | right) → rank, result
-  std::array<uint32_t, 256> byte_ids_{};                 // the id of each byte's symbol
+  static constexpr uint32_t kNoSymbol = UINT32_MAX;       // a byte valid UTF-8 never has, missing from the vocabulary
+  static constexpr const char* kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD, what such a byte becomes
+  std::array<uint32_t, 256> byte_ids_{};                 // the id of each byte's symbol, or kNoSymbol
   std::vector<std::string> id_bytes_;                    // id → the bytes it decodes to
   std::vector<PreTokenizer> pre_tokenizers_;
   std::unique_ptr<RegexSplitter> added_splitter_;        // null when there are no added tokens

@@ -17,6 +17,10 @@
 
 namespace dstrain {
 
+// `text` with every ASCII character but letters and digits escaped: a pattern that matches it
+// literally.
+std::string regex_escape(const std::string& text);
+
 class RegexSplitter {
  public:
   // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}).
@@ -34,6 +38,7 @@ class RegexSplitter {
 
  private:
   void* code_ = nullptr;  // pcre2_code_8*
+  std::string where_;     // the tokenizer file and field, for messages
   bool jit_ = false;
   bool ascii_gpt2_ = false;  // GPT-2's pattern: ASCII stretches matched by gpt2_scanner.h
 };
