@@ -83,8 +83,10 @@ PieceCache& thread_cache(uint64_t owner) {
 }
 
 // One entry of pre_tokenizer (possibly a Sequence) → the splitters it stands for, in order.
+// `after_byte_level`: whether a ByteLevel came before (the splitters run on the raw bytes).
 template <typename Add>
-void read_pre_tokenizer(const json& node, const std::string& where, const std::string& field, Add add) {
+void read_pre_tokenizer(const json& node, const std::string& where, const std::string& field, Add add,
+                        bool* after_byte_level) {
   if (node.is_null()) return;
   if (!node.is_object() || !node.contains("type"))
     throw field_error(where, field, "expected an object with a \"type\"");
@@ -92,13 +94,17 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
   if (type == "Sequence") {
     const json& list = node.value("pretokenizers", json::array());
     for (size_t i = 0; i < list.size(); ++i)
-      read_pre_tokenizer(list[i], where, field + ".pretokenizers[" + std::to_string(i) + "]", add);
+      read_pre_tokenizer(list[i], where, field + ".pretokenizers[" + std::to_string(i) + "]", add, after_byte_level);
   } else if (type == "ByteLevel") {
+    *after_byte_level = true;
     if (node.value("add_prefix_space", false))
       throw field_error(where, field + ".add_prefix_space",
                         "true is not supported (it would make decode(encode(x)) differ from x); expected false");
     if (node.value("use_regex", true)) add(std::make_unique<RegexSplitter>(kGpt2PatternFast, false, where + ": " + field), false);
   } else if (type == "Split") {
+    if (*after_byte_level)
+      throw field_error(where, field, "a Split after ByteLevel is not supported (it would see byte-level characters); "
+                                      "expected the Splits first, as DeepSeek's files have them");
     const json& pattern = node.value("pattern", json());
     bool literal = pattern.contains("String");
     if (!pattern.is_object() || !(literal || pattern.contains("Regex")))
@@ -236,16 +242,18 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
       t->merges_[(uint64_t{l->second} << 32) | r->second] = Merge{static_cast<uint32_t>(rank), m->second};
     }
 
+    bool after_byte_level = false;
     read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
                        [&](std::unique_ptr<RegexSplitter> splitter, bool removed) {
                          t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), removed});
-                       });
-    if (!added.empty()) {
-      // Longest first, so that a token that is a prefix of another never wins over it.
-      std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-      std::string alternation;
-      for (const auto& [content, id] : added) alternation += (alternation.empty() ? "" : "|") + regex_escape(content);
-      t->added_splitter_ = std::make_unique<RegexSplitter>(alternation, false, where + ": added_tokens");
+                       },
+                       &after_byte_level);
+    // Longest first, so that a token that is a prefix of another never wins over it.
+    std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (const auto& [content, id] : added) {
+      auto& starting_alike = t->added_by_first_byte_[static_cast<unsigned char>(content[0])];
+      if (starting_alike.empty()) t->added_first_bytes_ += content[0];
+      starting_alike.emplace_back(content, id);
     }
   } catch (const json::exception& e) {
     throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape (" + std::string(e.what()) + ")");
@@ -284,15 +292,36 @@ std::vector<uint32_t> BpeTokenizer::encode(const std::string& text) const {
 }
 
 void BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>* out) const {
-  if (!added_splitter_) return encode_ordinary(text, out);
-  thread_local std::vector<std::string_view> pieces;
-  pieces.clear();
-  added_splitter_->split(text, &pieces);
-  for (std::string_view piece : pieces) {
-    auto found = added_.find(std::string(piece));
-    if (found != added_.end()) out->push_back(found->second);
-    else encode_ordinary(piece, out);
+  if (added_.empty()) return encode_ordinary(text, out);
+  // Added tokens are cut out first, leftmost, and the longest at a position (Hugging Face's
+  // leftmost-longest match); the text between them is encoded as usual.
+  size_t gap = 0;
+  for (size_t i = 0; i < text.size();) {
+    // On to the next byte that starts an added token (memchr when they all start alike: '<').
+    if (added_first_bytes_.size() == 1) {
+      const void* next = std::memchr(text.data() + i, added_first_bytes_[0], text.size() - i);
+      if (!next) break;
+      i = static_cast<size_t>(static_cast<const char*>(next) - text.data());
+    } else {
+      while (i < text.size() && added_by_first_byte_[static_cast<unsigned char>(text[i])].empty()) ++i;
+      if (i == text.size()) break;
+    }
+    const std::pair<std::string, uint32_t>* match = nullptr;
+    for (const auto& token : added_by_first_byte_[static_cast<unsigned char>(text[i])])
+      if (text.compare(i, token.first.size(), token.first) == 0) {
+        match = &token;
+        break;
+      }
+    if (!match) {
+      ++i;
+      continue;
+    }
+    if (i > gap) encode_ordinary(text.substr(gap, i - gap), out);
+    out->push_back(match->second);
+    i += match->first.size();
+    gap = i;
   }
+  if (text.size() > gap) encode_ordinary(text.substr(gap), out);
 }
 
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>* out) const {

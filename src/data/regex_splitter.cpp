@@ -86,6 +86,10 @@ std::string rewrite_whitespace_classes(const std::string& pattern) {
   return out;
 }
 
+namespace {
+
+// `text` with every ASCII character but letters and digits escaped: a pattern that matches it
+// literally.
 std::string regex_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -95,6 +99,8 @@ std::string regex_escape(const std::string& text) {
   }
   return out;
 }
+
+}  // namespace
 
 RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std::string& where) {
   // A literal is escaped rather than compiled with PCRE2_LITERAL, which PCRE2 refuses with UCP.

@@ -265,6 +265,19 @@ TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
                                                     {"behavior", "Removed"}, {"invert", false}});
   EXPECT_EQ(load(literal)->encode("ab.xab"), (std::vector<uint32_t>{256, 'x', 256}));
 
+  // A Split after ByteLevel would see byte-level characters: refused, not mis-split.
+  json late = small_tokenizer({{"a", "b"}}, json{{"type", "Sequence"},
+                                                 {"pretokenizers", json::array({gpt2_pre_tokenizer(),
+                                                                                literal["pre_tokenizer"]})}});
+  expect_error([&] { load(late); }, ExitCode::kUsage, {"pre_tokenizer.pretokenizers[1]", "a Split after ByteLevel"});
+
+  // Many added tokens (DeepSeek-V3 has about 800).
+  json many = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  for (int i = 0; i < 5000; ++i)
+    many["added_tokens"].push_back(json{{"id", 1000 + i}, {"content", "<|place" + std::to_string(i) + "|>"}});
+  EXPECT_EQ(load(many)->encode("he<|place4999|><|place49|>x<|endoftext|>"),
+            (std::vector<uint32_t>{256, 5999, 1049, 'x', 257}));
+
   // A pair listed twice takes its last rank, as in Hugging Face's merge map: "e l" (rank 1) before
   // "l l" (ranks 0 and 2).
   json twice = small_tokenizer({{"l", "l"}, {"e", "l"}}, gpt2_pre_tokenizer());

@@ -66,8 +66,10 @@ class BpeTokenizer : public Tokenizer {
   std::array<uint32_t, 256> byte_ids_{};                 // the id of each byte's symbol, or kNoSymbol
   std::vector<std::string> id_bytes_;                    // id → the bytes it decodes to
   std::vector<PreTokenizer> pre_tokenizers_;
-  std::unique_ptr<RegexSplitter> added_splitter_;        // null when there are no added tokens
   std::unordered_map<std::string, uint32_t> added_;      // added token content → id
+  // The added tokens by their first byte, longest first: what may match at a position.
+  std::array<std::vector<std::pair<std::string, uint32_t>>, 256> added_by_first_byte_;
+  std::string added_first_bytes_;  // the distinct first bytes of the added tokens
 };
 
 }  // namespace dstrain

@@ -17,10 +17,6 @@
 
 namespace dstrain {
 
-// `text` with every ASCII character but letters and digits escaped: a pattern that matches it
-// literally.
-std::string regex_escape(const std::string& text);
-
 class RegexSplitter {
  public:
   // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}).
