@@ -96,7 +96,9 @@ int generate_command(const std::vector<std::string>& args) {
   model->to(device);
   const CachedDecoder decoder(model);
 
+  // The prompt starts as the tokenizer starts every document (DeepSeek's beginning token).
   std::vector<int64_t> prompt;
+  if (const std::optional<uint32_t> bos = tokenizer->bos_id()) prompt.push_back(*bos);
   for (uint32_t id : tokenizer->encode(parsed.own.at("prompt"))) prompt.push_back(id);
   if (prompt.empty() || static_cast<int64_t>(prompt.size()) >= model_config.max_seq_len)
     throw config_error("--prompt", "(" + std::to_string(prompt.size()) + " tokens)",

@@ -123,6 +123,23 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
   }
 }
 
+// The special token a post-processor puts before every sequence: the first item of a
+// TemplateProcessing's "single" template when that is a SpecialToken (also inside a Sequence of
+// processors, as Llama 3's files have it); "" when there is none.
+std::string leading_special_token(const json& processor) {
+  if (!processor.is_object()) return "";
+  const std::string type = processor.value("type", std::string());
+  if (type == "Sequence") {
+    for (const json& inner : processor.value("processors", json::array()))
+      if (std::string name = leading_special_token(inner); !name.empty()) return name;
+    return "";
+  }
+  if (type != "TemplateProcessing") return "";
+  const json& single = processor.value("single", json::array());
+  if (!single.is_array() || single.empty() || !single[0].is_object() || !single[0].contains("SpecialToken")) return "";
+  return single[0]["SpecialToken"].at("id").get<std::string>();
+}
+
 void check_normalizer(const json& node, const std::string& where) {
   if (node.is_null()) return;
   if (node.value("type", "") == "Sequence" && node.value("normalizers", json::array()).empty()) return;
@@ -259,6 +276,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
     throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape (" + std::string(e.what()) + ")");
   }
 
+  if (const std::string bos = leading_special_token(root.value("post_processor", json())); !bos.empty()) {
+    if (t->token_id(bos) < 0)
+      throw field_error(where, "post_processor", "its template starts with '" + bos + "', which is no token of the file");
+    t->bos_id_ = static_cast<uint32_t>(t->token_id(bos));
+  }
   if (eod_token.empty()) {
     int64_t found = -1;
     for (const char* candidate : {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"})

@@ -10,11 +10,28 @@ namespace {
 
 bool is_ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 
+// Whether text[0, end) ends with a White_Space character (what the pre-tokenizers' \s matches).
+bool ends_with_white_space(const std::string& text, size_t end) {
+  if (end == 0) return false;
+  const auto byte = [&](size_t back) { return end >= back ? static_cast<unsigned char>(text[end - back]) : 0; };
+  const unsigned char last = byte(1);
+  if (last == ' ' || (last >= '\t' && last <= '\r')) return true;
+  if (byte(2) == 0xC2) return last == 0x85 || last == 0xA0;                    // U+0085, U+00A0
+  if (byte(3) == 0xE1) return byte(2) == 0x9A && last == 0x80;                 // U+1680
+  if (byte(3) == 0xE2 && byte(2) == 0x80)                                      // U+2000-200A, 2028, 2029, 202F
+    return last <= 0x8A || last == 0xA8 || last == 0xA9 || last == 0xAF;
+  if (byte(3) == 0xE2) return byte(2) == 0x81 && last == 0x9F;                 // U+205F
+  return byte(3) == 0xE3 && byte(2) == 0x80 && last == 0x80;                   // U+3000
+}
+
 // Where to cut `text` (its length when the cut is at its end), at most `limit` bytes in: after
-// the last "\n" followed by an ASCII letter or digit; 0 when there is none.
+// the last "\n" that follows no other white space and precedes an ASCII letter or digit, where
+// GPT-2's and DeepSeek's pre-tokenizers end a piece whatever follows. (After a longer run of
+// white space GPT-2's keeps the run's last character for the next piece: "\n\n" before a word
+// is two pieces, at the end of a segment one.) 0 when there is none.
 size_t safe_cut(const std::string& text, size_t limit) {
   for (size_t i = std::min(limit, text.size() - 1); i-- > 0;)
-    if (text[i] == '\n' && is_ascii_alnum(text[i + 1])) return i + 1;
+    if (text[i] == '\n' && is_ascii_alnum(text[i + 1]) && !ends_with_white_space(text, i)) return i + 1;
   return 0;
 }
 
@@ -35,9 +52,9 @@ bool is_jsonl_path(const std::string& path) {
   return ext == ".jsonl" || ext == ".json" || ext == ".ndjson";
 }
 
-DocumentReader::DocumentReader(const std::string& path, size_t segment_bytes)
+DocumentReader::DocumentReader(const std::string& path, size_t segment_bytes, bool cut_anywhere)
     : path_(path), file_(path, std::ios::binary), segment_bytes_(std::max<size_t>(segment_bytes, 64)),
-      jsonl_(is_jsonl_path(path)) {
+      jsonl_(is_jsonl_path(path)), cut_anywhere_(cut_anywhere) {
   if (!file_) throw data_error(path + ": cannot open for reading");
 }
 
@@ -97,7 +114,7 @@ bool DocumentReader::next_text(TextSegment* segment) {
     in_document_ = false;
     return true;
   }
-  size_t cut = safe_cut(carry_, segment_bytes_);
+  size_t cut = cut_anywhere_ ? segment_bytes_ : safe_cut(carry_, segment_bytes_);
   if (cut == 0) cut = safe_cut(carry_, carry_.size());
   if (cut == 0) {
     cut = fallback_cut(carry_, std::min(carry_.size(), window));

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dstrain/core/error.h"
@@ -105,7 +106,7 @@ uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer&
         return true;
       };
       for (const std::string& input : inputs) {
-        DocumentReader documents(input, batch_bytes);
+        DocumentReader documents(input, batch_bytes, tokenizer.encodes_bytewise());
         TextSegment segment;
         while (documents.next(&segment)) {
           bytes += segment.text.size();
@@ -157,8 +158,11 @@ uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer&
       }
     });
 
-  // Write in order, as the batches come.
+  // Write in order, as the batches come: each document after the tokenizer's beginning token
+  // (if it has one) and before the end-of-document token.
   const uint32_t eod = tokenizer.eod_id();
+  const std::optional<uint32_t> bos = tokenizer.bos_id();
+  bool document_starts = true;
   try {
     for (uint64_t next = 0;; ++next) {
       std::unique_ptr<Batch> batch;
@@ -170,7 +174,9 @@ uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer&
         encoded.erase(next);
       }
       for (size_t i = 0; i < batch->segments.size(); ++i) {
+        if (bos && document_starts) writer->append_tokens(&*bos, 1);
         writer->append_tokens(batch->tokens[i].data(), batch->tokens[i].size());
+        document_starts = batch->segments[i].ends_document;
         if (batch->segments[i].ends_document) {
           writer->append_tokens(&eod, 1);
           writer->end_document();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 
 #include "dstrain/data/bpe_tokenizer.h"
@@ -90,6 +91,18 @@ TEST(Prep, DocumentsLargerThanTheMemoryLimitEncodeAsAWhole) {
   EXPECT_EQ(corpus.offsets, (std::vector<uint64_t>{0, expected.size()}));
   EXPECT_TRUE(corpus.tokens == expected) << "segmented encoding differs from encoding the whole document";
 
+  // A line break after other white space is no place to cut: GPT-2's pattern splits " \n\n"
+  // before a word as " \n" and "\n", but at the end of a segment keeps it whole.
+  std::string runs;
+  while (runs.size() < 2000000) runs += "abc \n\nxyz\u3000\nlmn\n";
+  dir.write("runs.txt", runs);
+  options.inputs = {dir.path("runs.txt")};
+  run_prep(options);
+  expected = tokenizer->encode(runs);
+  expected.push_back(tokenizer->eod_id());
+  corpus = read_corpus(dir.path("big.h5"));
+  EXPECT_TRUE(corpus.tokens == expected) << "segments cut inside a run of white space";
+
   // Without any line break there is no safe cut: the text still comes back byte for byte.
   std::string one_line = text;
   std::replace(one_line.begin(), one_line.end(), '\n', ' ');
@@ -100,6 +113,40 @@ TEST(Prep, DocumentsLargerThanTheMemoryLimitEncodeAsAWhole) {
   ASSERT_EQ(corpus.tokens.back(), tokenizer->eod_id());
   corpus.tokens.pop_back();
   EXPECT_TRUE(tokenizer->decode(corpus.tokens) == one_line);
+}
+
+// A tokenizer whose post-processor puts a beginning token before every sequence (DeepSeek's):
+// every document starts with it, also when it comes in several segments, and ends with the EOD.
+TEST(Prep, DocumentsStartWithTheTokenizersBeginningToken) {
+  TempDir dir;
+  nlohmann::json tokenizer = nlohmann::json::parse(small_gpt2_tokenizer());
+  const uint32_t bos = 300;
+  tokenizer["added_tokens"].push_back({{"id", bos}, {"content", "<s>"}, {"special", true}});
+  tokenizer["post_processor"] = {{"type", "TemplateProcessing"},
+                                 {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
+  dir.write("tokenizer.json", tokenizer.dump());
+  const std::string big = generated_text(2000000, 3);
+  dir.write("docs.jsonl", nlohmann::json{{"text", "the cat"}}.dump() + "\n" + nlohmann::json{{"text", big}}.dump() +
+                              "\n" + nlohmann::json{{"text", "in"}}.dump() + "\n");
+  dir.write("big.txt", big);
+  PrepOptions options;
+  options.inputs = {dir.path("docs.jsonl"), dir.path("big.txt")};
+  options.output = dir.path("out.h5");
+  options.tokenizer = dir.path("tokenizer.json");
+  options.memory_limit_mb = 16;  // big.txt comes in several segments
+  run_prep(options);
+  auto bpe = BpeTokenizer::from_file(dir.path("tokenizer.json"));
+  ASSERT_EQ(bpe->bos_id(), std::optional<uint32_t>(bos));
+  const std::vector<std::vector<uint32_t>> docs = documents(read_corpus(options.output));
+  ASSERT_EQ(docs.size(), 4u);
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const std::string text = d == 0 ? "the cat" : d == 2 ? "in" : big;
+    std::vector<uint32_t> expected = {bos};
+    for (uint32_t id : bpe->encode(text)) expected.push_back(id);
+    expected.push_back(bpe->eod_id());
+    EXPECT_TRUE(docs[d] == expected) << "document " << d;
+  }
 }
 
 TEST(Prep, ThreadsAndBatchSizesDoNotChangeTheCorpus) {

@@ -260,6 +260,21 @@ TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
   EXPECT_EQ(with_specials->decode({400, 256}), bos + "he");
   EXPECT_EQ(with_specials->vocab_size(), 401u);
 
+  // The post-processor's leading special token starts documents and prompts; none without a template.
+  EXPECT_FALSE(with_specials->bos_id().has_value());
+  json templated = specials;
+  json single = json::array({json{{"SpecialToken", json{{"id", bos}, {"type_id", 0}}}},
+                             json{{"Sequence", json{{"id", "A"}, {"type_id", 0}}}}});
+  templated["post_processor"] = json{{"type", "TemplateProcessing"}, {"single", single}};
+  EXPECT_EQ(load(templated)->bos_id(), std::optional<uint32_t>(400));
+  templated["post_processor"] = json{{"type", "Sequence"},
+                                     {"processors", json::array({json{{"type", "ByteLevel"}},
+                                                                 json{{"type", "TemplateProcessing"}, {"single", single}}})}};
+  EXPECT_EQ(load(templated)->bos_id(), std::optional<uint32_t>(400));
+  templated["post_processor"] = json{{"type", "TemplateProcessing"}, {"single", single}};
+  templated["post_processor"]["single"][0]["SpecialToken"]["id"] = "<nope>";
+  expect_error([&] { load(templated); }, ExitCode::kUsage, {"post_processor", "'<nope>', which is no token"});
+
   // Split with a literal pattern.
   json literal = small_tokenizer({{"a", "b"}}, json{{"type", "Split"}, {"pattern", json{{"String", "."}}},
                                                     {"behavior", "Removed"}, {"invert", false}});

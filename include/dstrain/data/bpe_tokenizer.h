@@ -33,6 +33,9 @@ class BpeTokenizer : public Tokenizer {
   std::string name() const override { return name_; }
   uint32_t vocab_size() const override { return vocab_size_; }
   uint32_t eod_id() const override { return eod_id_; }
+  // The special token the file's post-processor puts before every sequence (TemplateProcessing,
+  // as DeepSeek's and Llama 3's files have it: their beginning-of-sentence token).
+  std::optional<uint32_t> bos_id() const override { return bos_id_; }
   std::vector<uint32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<uint32_t>& ids) const override;
   // Appends to `out` (no allocation per call once warm). Thread-safe.
@@ -57,6 +60,7 @@ class BpeTokenizer : public Tokenizer {
 
   std::string name_;
   uint32_t vocab_size_ = 0, eod_id_ = 0;
+  std::optional<uint32_t> bos_id_;
   uint64_t instance_ = 0;  // tells the per-thread caches of two tokenizers apart
   bool ignore_merges_ = false;
   std::unordered_map<std::string, uint32_t> vocab_;      // byte-level string → id

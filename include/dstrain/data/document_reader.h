@@ -3,10 +3,12 @@
 // field.
 //
 // A document longer than `segment_bytes` (a text file larger than memory) comes in segments.
-// Segments end after a line break followed by an ASCII letter or digit: the GPT-2 and DeepSeek
-// pre-tokenizers always end a piece there, so encoding the segments one by one gives the tokens
-// of encoding the whole document. Where no such place exists within 4 × segment_bytes the cut
-// falls on the last line break or UTF-8 character boundary instead, and the reader says so.
+// Segments end after a line break that follows no other white space and precedes an ASCII
+// letter or digit: the GPT-2 and DeepSeek pre-tokenizers always end a piece there, so encoding
+// the segments one by one gives the tokens of encoding the whole document. Where no such place
+// exists within 4 × segment_bytes the cut falls on the last line break or UTF-8 character
+// boundary instead, and the reader says so. With `cut_anywhere` (a tokenizer that encodes byte
+// by byte) every segment is segment_bytes long.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +26,7 @@ struct TextSegment {
 class DocumentReader {
  public:
   // Throws Error(kData) naming the file when it cannot be opened.
-  DocumentReader(const std::string& path, size_t segment_bytes);
+  DocumentReader(const std::string& path, size_t segment_bytes, bool cut_anywhere = false);
 
   // The next segment; false at the end of the file. Empty documents are skipped. Throws
   // Error(kData) naming file and line for invalid JSON or a record without a string "text".
@@ -41,7 +43,7 @@ class DocumentReader {
   std::string path_;
   std::ifstream file_;
   size_t segment_bytes_;
-  bool jsonl_;
+  bool jsonl_, cut_anywhere_;
   uint64_t line_number_ = 0, documents_ = 0, unsafe_cuts_ = 0;
   std::string carry_;          // text read past the last cut
   bool in_document_ = false;   // a text document has begun

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,12 @@ class Tokenizer {
   virtual std::string name() const = 0;
   virtual uint32_t vocab_size() const = 0;
   virtual uint32_t eod_id() const = 0;
+  // The token that starts every document and prompt, if the tokenizer has one.
+  virtual std::optional<uint32_t> bos_id() const { return std::nullopt; }
   virtual std::vector<uint32_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<uint32_t>& ids) const = 0;
+  // Whether text cut anywhere encodes, piece by piece, as the whole does.
+  virtual bool encodes_bytewise() const { return false; }
 };
 
 // One token per byte (ids 0-255) and an end-of-document token (256): any byte string, valid
@@ -27,6 +32,7 @@ class ByteTokenizer : public Tokenizer {
   uint32_t eod_id() const override { return 256; }
   std::vector<uint32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<uint32_t>& ids) const override;
+  bool encodes_bytewise() const override { return true; }
 };
 
 // "byte", or the path of a Hugging Face tokenizer.json (byte-level BPE, see bpe_tokenizer.h) with
