@@ -42,12 +42,16 @@ bool same_file(const std::string& a, const std::string& b) {
          first.st_ino == second.st_ino;
 }
 
-bool make_directories(const std::string& path, std::string* error) {
+bool make_directories(const std::string& path, std::string* error, std::vector<std::string>* made) {
   for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const std::string prefix = path.substr(0, slash);
-    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
-      *error = prefix + ": " + std::strerror(errno);
-      return false;
+    if (!prefix.empty()) {
+      if (::mkdir(prefix.c_str(), 0777) == 0) {
+        if (made) made->push_back(prefix);
+      } else if (errno != EEXIST) {
+        *error = prefix + ": " + std::strerror(errno);
+        return false;
+      }
     }
     if (slash == std::string::npos) break;
   }
@@ -57,6 +61,11 @@ bool make_directories(const std::string& path, std::string* error) {
     return false;
   }
   return true;
+}
+
+void remove_empty_directories(const std::vector<std::string>& made) {
+  // rmdir fails on a directory that has anything in it, which is what keeps this safe.
+  for (auto dir = made.rbegin(); dir != made.rend(); ++dir) ::rmdir(dir->c_str());
 }
 
 void remove_tree(const std::string& path) {

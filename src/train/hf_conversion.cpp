@@ -183,18 +183,24 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
   std::vector<std::string> datasets;
   for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
   std::string why;
-  if (!files::parent(output).empty() && !files::make_directories(files::parent(output), &why))
+  std::vector<std::string> made_directories;  // removed again, if empty, when the import fails
+  if (!files::parent(output).empty() && !files::make_directories(files::parent(output), &why, &made_directories))
     throw config_error("--output", output, "cannot create its directory (" + why + ")");
-  write_checkpoint_file(
-      output, datasets,
-      [&](const std::string& dataset) {
-        const std::string name = dataset.substr(6);
-        torch::Tensor t = weights.read(name).to(stored_dtype(name, result.dtype));
-        ++result.tensors;
-        result.bytes += static_cast<int64_t>(t.nbytes());
-        return t;
-      },
-      state);
+  try {
+    write_checkpoint_file(
+        output, datasets,
+        [&](const std::string& dataset) {
+          const std::string name = dataset.substr(6);
+          torch::Tensor t = weights.read(name).to(stored_dtype(name, result.dtype));
+          ++result.tensors;
+          result.bytes += static_cast<int64_t>(t.nbytes());
+          return t;
+        },
+        state);
+  } catch (...) {
+    files::remove_empty_directories(made_directories);
+    throw;
+  }
   return result;
 }
 
@@ -257,15 +263,19 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
 
   // config.json is written first, and the one of an earlier export leaves before the weights are
   // replaced: a directory whose export failed midway has no config.json, never old and new mixed.
+  // A failed export into a directory it made leaves no directory behind.
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
+  std::vector<std::string> made_directories;
   {
     std::string why;
-    if (!files::make_directories(dir, &why)) throw Error(kCode, dir + ": cannot create this directory (" + why + ")");
+    if (!files::make_directories(dir, &why, &made_directories))
+      throw Error(kCode, dir + ": cannot create this directory (" + why + ")");
     std::ofstream out(tmp, std::ios::trunc);
     out << config.json.dump(2) << "\n";
     out.close();
     if (!out) {
       std::remove(tmp.c_str());
+      files::remove_empty_directories(made_directories);
       throw Error(kCode, tmp + ": cannot write");
     }
   }
@@ -281,6 +291,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
         max_shard_bytes);
   } catch (...) {
     std::remove(tmp.c_str());
+    files::remove_empty_directories(made_directories);
     throw;
   }
   std::string why;

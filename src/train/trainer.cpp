@@ -137,6 +137,9 @@ class Trainer {
   // `weights`: when starting afresh, the checkpoint whose model weights to start from ("": none).
   Trainer(const TrainConfig& config, const Options& effective, ParallelContext& parallel,
           const DevicePlacement& placement, const std::string& resume, const std::string& weights);
+  // Makes run.dir and starts its config.ini, metrics and TensorBoard files (the reporting rank):
+  // once every rank has started, so that a start that fails on any rank writes nothing there.
+  void open_run_directory();
   TrainResult run();
 
  private:
@@ -311,17 +314,19 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     }
   }
 
+}
+
+void Trainer::open_run_directory() {
   // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run
   // directory keeps the configuration and logs of the run that did.
-  if (is_reporting_rank_ && start_step_ < c.loop.steps) {
-    std::string why;
-    if (!files::make_directories(c.run.dir, &why))
-      throw config_error("run.dir", c.run.dir, "cannot create this directory (" + why + ")");
-    write_text_file(c.run.dir + "/config.ini", effective.to_ini());
-    metrics_ = MetricsLog(c.run.dir + "/metrics.jsonl", start_step_);
-    tensorboard_ = TensorBoardLog(c.run.dir, start_step_);
-    summary_path_ = c.run.dir + "/summary.json";
-  }
+  if (!is_reporting_rank_ || start_step_ >= config_.loop.steps) return;
+  const std::string& dir = config_.run.dir;
+  std::string why;
+  if (!files::make_directories(dir, &why)) throw config_error("run.dir", dir, "cannot create this directory (" + why + ")");
+  write_text_file(dir + "/config.ini", config_text_);
+  metrics_ = MetricsLog(dir + "/metrics.jsonl", start_step_);
+  tensorboard_ = TensorBoardLog(dir, start_step_);
+  summary_path_ = dir + "/summary.json";
 }
 
 torch::Tensor Trainer::next_batch(DataLoader& loader) {
@@ -794,25 +799,33 @@ TrainResult run_training(Options options) {
   // file system at different moments cannot disagree. Its checkpoint directory is made now, so
   // that an unusable ckpt.dir is found at the start, not at the first save.
   // A run with nothing to resume may start from another checkpoint's weights (fine-tuning).
+  // A start that fails removes the directories it made (a mistyped corpus leaves no run behind).
   std::string resume, weights;
-  agreed_phase(world_rank, [&] {
-    if (world_rank != 0) return;
-    std::string why;
-    if (!files::make_directories(config.ckpt.dir, &why)) {
-      if (config.ckpt.dir_in_run_dir)
-        throw config_error("run.dir", config.run.dir, "cannot create " + config.ckpt.dir + " (" + why + ")");
-      throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
-    }
-    resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
-    if (resume.empty() && config.ckpt.resume == "auto") warn_of_checkpoints_without_latest(config.ckpt.dir);
-    if (resume.empty() && !config.ckpt.load_weights.empty())
-      weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
-  });
-  resume = parallel->world->broadcast_string(resume, 0);
-  weights = parallel->world->broadcast_string(weights, 0);
-  agreed_phase(world_rank, [&] {  // this rank alone: files, model, optimizer
-    trainer = std::make_unique<Trainer>(config, options, *parallel, placement, resume, weights);
-  });
+  std::vector<std::string> made_directories;
+  try {
+    agreed_phase(world_rank, [&] {
+      if (world_rank != 0) return;
+      std::string why;
+      if (!files::make_directories(config.ckpt.dir, &why, &made_directories)) {
+        if (config.ckpt.dir_in_run_dir)
+          throw config_error("run.dir", config.run.dir, "cannot create " + config.ckpt.dir + " (" + why + ")");
+        throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
+      }
+      resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
+      if (resume.empty() && config.ckpt.resume == "auto") warn_of_checkpoints_without_latest(config.ckpt.dir);
+      if (resume.empty() && !config.ckpt.load_weights.empty())
+        weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
+    });
+    resume = parallel->world->broadcast_string(resume, 0);
+    weights = parallel->world->broadcast_string(weights, 0);
+    agreed_phase(world_rank, [&] {  // this rank alone: files, model, optimizer
+      trainer = std::make_unique<Trainer>(config, options, *parallel, placement, resume, weights);
+    });
+    agreed_phase(world_rank, [&] { trainer->open_run_directory(); });
+  } catch (...) {
+    files::remove_empty_directories(made_directories);
+    throw;
+  }
 
   // Training: an error now is this rank's alone and the others are inside collectives; the
   // rank says what happened and ends the job.

@@ -393,4 +393,17 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
   RunOutput no_ckpt = run_dstrain(0, {"ckpt", "export-hf", dir + "/none.h5", "--output", dir + "/out"});
   EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
   EXPECT_FALSE(dstrain::files::exists(dir + "/out"));
+
+  // Damage found while writing: the directories the command made go again, with nothing in them.
+  const std::string damaged = dir + "/damaged.h5";
+  std::ofstream(damaged, std::ios::binary) << existing_bytes;
+  flip_a_byte(damaged, "/model/model.norm.weight");
+  RunOutput damaged_export = run_dstrain(0, {"ckpt", "export-hf", damaged, "--output", dir + "/fresh/hf"});
+  EXPECT_EQ(damaged_export.exit_code, 4) << damaged_export.output;
+  EXPECT_TRUE(contains(damaged_export.output, "model.norm.weight: the data do not match the checksum"))
+      << damaged_export.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/fresh"));
+  RunOutput truncated_import = import(dir + "/truncated.safetensors", dir + "/fresh/sub/new.h5");
+  EXPECT_EQ(truncated_import.exit_code, 4) << truncated_import.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/fresh"));
 }

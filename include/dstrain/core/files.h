@@ -18,7 +18,11 @@ bool same_file(const std::string& a, const std::string& b);
 // The names in a directory ("." and ".." included); empty when it cannot be read.
 std::vector<std::string> directory_entries(const std::string& dir);
 // Creates `path` and its missing parents; on failure returns false with the reason in `error`.
-bool make_directories(const std::string& path, std::string* error);
+// `made`, when given, gets the directories this call created appended, outermost first.
+bool make_directories(const std::string& path, std::string* error, std::vector<std::string>* made = nullptr);
+// Removes those of `made` (as make_directories lists them) that are empty, innermost first: what
+// a command that failed had created and not used, so that it leaves nothing behind.
+void remove_empty_directories(const std::vector<std::string>& made);
 // Removes a file or a whole directory tree, as far as it can.
 void remove_tree(const std::string& path);
 // Atomic within one file system; on failure returns false with the reason in `error`.
