@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "dstrain/core/text.h"
+
 namespace dstrain {
 namespace {
 
@@ -71,6 +73,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   }
   std::sort(shapes.begin(), shapes.end());
   return shapes;
+}
+
+c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_dtype) {
+  return ends_with(name, "e_score_correction_bias") ? c10::ScalarType::Float : model_dtype;
 }
 
 }  // namespace dstrain

@@ -10,6 +10,7 @@
 #include "dstrain/core/random.h"
 #include "dstrain/core/text.h"
 #include "dstrain/model/linear_cross_entropy.h"
+#include "dstrain/model/parameter_shapes.h"
 
 namespace dstrain {
 
@@ -168,10 +169,13 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
   }
 }
 
-void cast_trained_parameters(torch::nn::Module& model, torch::ScalarType dtype) {
+void cast_parameters(torch::nn::Module& model, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  for (torch::Tensor& p : model.parameters())
-    if (p.requires_grad() && p.scalar_type() != dtype) p.set_data(p.data().to(dtype));
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    torch::Tensor& p = item.value();
+    const torch::ScalarType wanted = parameter_dtype(item.key(), dtype);
+    if (p.scalar_type() != wanted) p.set_data(p.data().to(wanted));
+  }
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model) {

@@ -85,7 +85,7 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
     CausalLM model(c.model, slices[chunk * pp + stage]);
     model->to(placement.device);
-    cast_trained_parameters(*model, dtype);  // as training holds them
+    cast_parameters(*model, dtype);  // as training holds them
     for (auto& named : sorted_parameters(*model)) params.push_back(named);
     chunks.push_back(model);
   }

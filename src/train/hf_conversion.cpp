@@ -59,12 +59,6 @@ void check_config_json(const std::string& source, const ModelConfig& model) {
   throw Error(ExitCode::kUsage, message);
 }
 
-// The MoE balancing bias is fp32 whatever the model's precision, as dstrain trains it (and as
-// DeepSeek-V3 publishes it): its steps of 1e-3 vanish in bf16.
-torch::ScalarType stored_dtype(const std::string& name, torch::ScalarType model_dtype) {
-  return ends_with(name, "e_score_correction_bias") ? torch::kFloat32 : model_dtype;
-}
-
 }  // namespace
 
 int64_t hf_layer_index(const std::string& name) {
@@ -191,7 +185,7 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
         output, datasets,
         [&](const std::string& dataset) {
           const std::string name = dataset.substr(6);
-          torch::Tensor t = weights.read(name).to(stored_dtype(name, result.dtype));
+          torch::Tensor t = weights.read(name).to(parameter_dtype(name, result.dtype));
           ++result.tensors;
           result.bytes += static_cast<int64_t>(t.nbytes());
           return t;
@@ -238,7 +232,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
   std::map<std::string, std::string> original_of;  // tensor written → dataset read
   std::vector<std::string> names;
   for (const auto& [name, info] : stored) {
-    const torch::ScalarType out = dtype ? stored_dtype(name, *dtype) : info->dtype;
+    const torch::ScalarType out = dtype ? parameter_dtype(name, *dtype) : info->dtype;
     if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
       throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
                              "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");

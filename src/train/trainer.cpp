@@ -240,7 +240,7 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
     CausalLM model(c.model, slices[chunk * pp + stage]);
     initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
-    cast_trained_parameters(*model, dtype);
+    cast_parameters(*model, dtype);
     chunks.push_back(model);
   }
   params_ = parameters_of(chunks);

@@ -390,9 +390,15 @@ TEST(HfNames, ParameterShapesAreTheBuiltModels) {
   sparse.num_nextn_predict_layers = 2;
   configs.emplace_back("sparse", sparse);
   for (const auto& [name, config] : configs) {
-    const CausalLM whole(config, LayerSlice::whole(config));
+    CausalLM whole(config, LayerSlice::whole(config));
     std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
     for (const auto& [param, t] : sorted_parameters(*whole)) expected.emplace_back(param, t.sizes().vec());
     EXPECT_EQ(parameter_shapes(config), expected) << name;
+    // A bf16 model keeps fp32 exactly what gradients do not train (which has no fp32 master).
+    cast_parameters(*whole, torch::kBFloat16);
+    for (const auto& [param, t] : sorted_parameters(*whole)) {
+      EXPECT_EQ(t.scalar_type(), t.requires_grad() ? torch::kBFloat16 : torch::kFloat32) << name << ": " << param;
+      EXPECT_EQ(parameter_dtype(param, torch::kBFloat16), t.scalar_type()) << name << ": " << param;
+    }
   }
 }

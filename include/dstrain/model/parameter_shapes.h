@@ -4,6 +4,8 @@
 // the unit tests hold it equal to the names and shapes of built models of every kind.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -15,5 +17,11 @@ namespace dstrain {
 
 // Sorted by name: those of CausalLM(config, LayerSlice::whole(config)).
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const ModelConfig& config);
+
+// The dtype of parameter `name` in a model of `model_dtype`, the one rule that models, imports and
+// exports follow: the MoE balancing bias, which gradients do not train (so it has no fp32 master),
+// stays fp32, as DeepSeek-V3 publishes it; its steps of bias_update_speed (1e-3) would round to
+// nothing in bf16 once it passes 0.5.
+c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_dtype);
 
 }  // namespace dstrain

@@ -112,10 +112,9 @@ TORCH_MODULE(CausalLM);
 // MoE balancing bias at zero.
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed);
 
-// Rounds the parameters that gradients train to `dtype` (a bf16 or fp16 model). What is not
-// trained by gradients stays fp32: the MoE balancing bias, whose steps of bias_update_speed (1e-3)
-// would round to nothing in bf16 once it passes 0.5, and the RoPE tables (buffers).
-void cast_trained_parameters(torch::nn::Module& model, torch::ScalarType dtype);
+// Makes a bf16 or fp16 model: each parameter takes parameter_dtype(name, dtype), so the MoE
+// balancing bias stays fp32; buffers (the RoPE tables) stay fp32 too.
+void cast_parameters(torch::nn::Module& model, torch::ScalarType dtype);
 
 // Parameters by global name, sorted by name: the order every reduction and checksum uses.
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model);
