@@ -45,10 +45,6 @@ ThreadMatchState& thread_state() {
   return state;
 }
 
-size_t utf8_length(unsigned char lead) {
-  return lead < 0x80 ? 1 : (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;
-}
-
 }  // namespace
 
 std::string rewrite_whitespace_classes(const std::string& pattern) {
@@ -131,27 +127,22 @@ bool RegexSplitter::find(std::string_view text, size_t from, size_t* start, size
   auto* code = static_cast<pcre2_code*>(code_);
   ThreadMatchState& state = thread_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  for (size_t search = from; search <= text.size();) {
-    int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), search, 0, state.data, state.context)
-                  : pcre2_match(code, subject, text.size(), search, 0, state.data, state.context);
-    if (rc == PCRE2_ERROR_NOMATCH) return false;
-    if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof(message));
-      throw Error(ExitCode::kData, where_ + ": its regular expression gave up on this text at byte " +
-                                       std::to_string(search) + " (" + reinterpret_cast<char*>(message) +
-                                       "; a very long run of spaces or symbols?)");
-    }
-    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
-    if (ovector[1] > ovector[0]) {
-      *start = ovector[0];
-      *end = ovector[1];
-      return true;
-    }
-    if (ovector[0] >= text.size()) return false;  // an empty match splits nothing: look again one character on
-    search = ovector[0] + utf8_length(static_cast<unsigned char>(text[ovector[0]]));
+  // NOTEMPTY_ATSTART: an empty match at `from`, where the previous match ended, is passed over as
+  // Oniguruma's iteration passes it over; an empty match further on is a split point.
+  int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), from, PCRE2_NOTEMPTY_ATSTART, state.data, state.context)
+                : pcre2_match(code, subject, text.size(), from, PCRE2_NOTEMPTY_ATSTART, state.data, state.context);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof(message));
+    throw Error(ExitCode::kData, where_ + ": its regular expression gave up on this text at byte " +
+                                     std::to_string(from) + " (" + reinterpret_cast<char*>(message) +
+                                     "; a very long run of spaces or symbols?)");
   }
-  return false;
+  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
+  *start = ovector[0];
+  *end = ovector[1];
+  return true;
 }
 
 void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches) const {
@@ -167,7 +158,7 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* 
     }
     if (!find(text, emitted, &start, &end)) break;
     if (start > emitted) pieces->push_back(text.substr(emitted, start - emitted));
-    if (!drop_matches) pieces->push_back(text.substr(start, end - start));
+    if (!drop_matches && end > start) pieces->push_back(text.substr(start, end - start));
     emitted = end;
   }
   if (emitted < text.size()) pieces->push_back(text.substr(emitted));

@@ -98,6 +98,23 @@ TEST(RegexSplitter, Gpt2PatternSplitsAsGpt2Does) {
   EXPECT_EQ(pieces_of(gpt2, "ab\xFF\xFE" "cd"), (std::vector<std::string>{"ab", "\xFF\xFE", "cd"}));
 }
 
+// Empty matches split as in Hugging Face (Oniguruma's iteration): each is a split point that adds
+// no piece, except where the previous match ended.
+TEST(RegexSplitter, EmptyMatchesAreSplitPoints) {
+  RegexSplitter capitals("(?=[A-Z])", false, "test");
+  EXPECT_EQ(pieces_of(capitals, "helloWorldFOO"), (std::vector<std::string>{"hello", "World", "F", "O", "O"}));
+  EXPECT_EQ(pieces_of(capitals, "Hello"), (std::vector<std::string>{"Hello"}));
+  RegexSplitter boundaries("\\b", false, "test");
+  EXPECT_EQ(pieces_of(boundaries, "ab, cd"), (std::vector<std::string>{"ab", ", ", "cd"}));
+  // "x*" matches "xx" and then, at its end, an empty match that is passed over; the next empty
+  // match (before "b") splits.
+  RegexSplitter stars("x*", false, "test");
+  EXPECT_EQ(pieces_of(stars, "axxbc"), (std::vector<std::string>{"a", "xx", "b", "c"}));
+  std::vector<std::string_view> gaps;
+  capitals.split("aBc", &gaps, /*drop_matches=*/true);
+  EXPECT_EQ(std::vector<std::string>(gaps.begin(), gaps.end()), (std::vector<std::string>{"a", "Bc"}));
+}
+
 TEST(RegexSplitter, ReorderedGpt2PatternFindsTheSamePieces) {
   // ("|(?!)" adds an alternative that never matches: it keeps the ASCII fast path out of this.)
   RegexSplitter original(std::string(kGpt2Pattern) + "|(?!)", false, "test"),

@@ -1,6 +1,7 @@
 // Splits text at the matches of a Unicode regular expression (PCRE2, JIT-compiled), the way a
 // Hugging Face "Split" pre-tokenizer with behavior "Isolated" does: every match is a piece, and
-// so is every stretch of text between matches.
+// so is every stretch of text between matches. An empty match (a lookahead such as (?=[A-Z]))
+// is a split point that adds no piece.
 //
 // The patterns of tokenizer.json files are written for Oniguruma (Hugging Face) and Rust's
 // fancy-regex (tiktoken), where \s is Unicode White_Space. PCRE2's \s lacks U+0085, so \s and \S
@@ -29,7 +30,8 @@ class RegexSplitter {
   // Appends the pieces of `text` (matches and the gaps between them, in order, none empty);
   // with `drop_matches` only the gaps (behavior "Removed"). Thread-safe: per-thread match data.
   void split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches = false) const;
-  // The first non-empty match at or after `from`: [*start, *end); false when there is none.
+  // The first match at or after `from`, [*start, *end), other than an empty one at `from` itself
+  // (where the previous match ended); false when there is none.
   bool find(std::string_view text, size_t from, size_t* start, size_t* end) const;
 
  private:
