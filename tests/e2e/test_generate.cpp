@@ -149,6 +149,52 @@ TEST(Generate, TheTokenizerMustBeTheOneTheModelWasTrainedOn) {
             std::string::npos) << eval.output;
 }
 
+// A tokenizer whose post-processor starts each document with a beginning token (as DeepSeek's
+// starts it with <｜begin▁of▁sentence｜>): prep puts the token before every document, and
+// generate before the prompt. A model that memorised documents of one sentence then writes that
+// sentence from an empty prompt, and stops at the end-of-document token.
+TEST(Generate, PromptsStartWithTheTokenizersBeginningToken) {
+  const std::string dir = scratch_dir("generate-bos");
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto& chars = dstrain::byte_level::byte_to_chars();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  vocab["th"] = 256;
+  vocab["the"] = 257;
+  const nlohmann::json tokenizer = {
+      {"added_tokens",
+       {{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}, {{"id", 259}, {"content", "<s>"}, {"special", true}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "th e"}}}}};
+  std::ofstream(dir + "/tok.json") << tokenizer.dump();
+  std::ofstream documents(dir + "/fox.jsonl");
+  for (int i = 0; i < 200; ++i) documents << nlohmann::json{{"text", kText}}.dump() << "\n";
+  documents.close();
+  RunOutput prep = run_dstrain(0, {"prep", "--input", dir + "/fox.jsonl", "--output", dir + "/fox.h5", "--tokenizer",
+                                   dir + "/tok.json"});
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  RunOutput train = run_dstrain(
+      0, {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini", "--run.dir", dir + "/run",
+          "--data.train", dir + "/fox.h5", "--train.device", "cpu", "--train.steps", "150", "--train.global_batch", "4",
+          "--train.micro_batch", "1", "--train.seq_len", "64", "--optim.lr", "1e-2", "--optim.min_lr", "1e-3",
+          "--log.interval", "50", "--ckpt.interval", "150"});
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string ckpt = dir + "/run/checkpoints";
+
+  auto greedy = [&](const std::string& prompt) {
+    return run_dstrain(0, {"generate", "--ckpt", ckpt, "--tokenizer", dir + "/tok.json", "--prompt", prompt,
+                           "--device", "cpu", "--max-new-tokens", "60", "--temperature", "0"});
+  };
+  for (const std::string prompt : {"", "the quick"}) {
+    RunOutput run = greedy(prompt);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(generated_text(run), kText) << "prompt \"" << prompt << "\": " << run.output;
+    EXPECT_NE(run.output.find("ended at the end-of-document token"), std::string::npos) << run.output;
+  }
+}
+
 // input/tiny-v3.ini (MLA with query compression, MoE with sigmoid group-limited routing and the
 // balancing bias, a dense first layer) trained a few steps: greedy `dstrain generate` gives the
 // same text twice, and the text of a greedy loop that runs the whole sequence through the
