@@ -2,6 +2,7 @@
 // import-hf and export-hf (ckpt_hf.cpp): Hugging Face weights in and out.
 #include "ckpt.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -66,7 +67,9 @@ int verify(const CheckpointReader& r) {
 }  // namespace
 
 int ckpt_command(const std::vector<std::string>& args) {
-  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+  const bool help = std::find(args.begin(), args.end(), "--help") != args.end() ||
+                    std::find(args.begin(), args.end(), "-h") != args.end();
+  if (help && (args.size() == 1 || args[0] == "inspect" || args[0] == "verify")) {
     std::cout << kCkptUsage;
     return 0;
   }

@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -36,12 +37,7 @@ int import_command(const std::vector<std::string>& args) {
        "vocabulary size (llm.c version 1 default: GPT-2's 50257)")
       ("tokenizer-name", po::value<std::string>(&options.tokenizer_name), "tokenizer name recorded in the corpus");
   po::variables_map given;
-  try {
-    po::store(po::command_line_parser(args).options(description).style(exact_option_names_style()).run(), given);
-    po::notify(given);
-  } catch (const po::error& e) {
-    throw Error(ExitCode::kUsage, std::string("data import: ") + e.what() + " (see dstrain data import --help)");
-  }
+  parse_command_options(args, description, &given, "data import");
   if (given.count("help")) {
     std::cout << kDataUsage << "\n" << description;
     return 0;
@@ -62,6 +58,10 @@ int data_command(const std::vector<std::string>& args) {
   }
   if (args[0] == "import") return import_command(std::vector<std::string>(args.begin() + 1, args.end()));
   if (args[0] == "inspect") {
+    if (std::find(args.begin(), args.end(), "--help") != args.end() || std::find(args.begin(), args.end(), "-h") != args.end()) {
+      std::cout << kDataUsage;
+      return 0;
+    }
     uint64_t tokens = 16;
     std::string path;
     for (size_t i = 1; i < args.size(); ++i) {

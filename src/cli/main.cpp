@@ -109,7 +109,8 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
 int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
   PrepOptions options;
   int64_t threads = 0;  // read signed: Boost takes "-1" for 4294967295 as an unsigned
-  po::options_description description("dstrain prep options");
+  // Wide lines: Boost wraps by bytes, and would cut the UTF-8 of DeepSeek's token names in two.
+  po::options_description description("dstrain prep options", /*line_length=*/200, /*min_description_length=*/100);
   description.add_options()
       ("help,h", "this help")
       ("input", po::value<std::vector<std::string>>(&options.inputs)->multitoken(),
@@ -130,12 +131,7 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
       ("memory-limit", po::value<uint64_t>(&options.memory_limit_mb)->default_value(1024),
        "MB of text and tokens in flight per process (inputs of any size stream through it)");
   po::variables_map given;
-  try {
-    po::store(po::command_line_parser(args).options(description).style(exact_option_names_style()).run(), given);
-    po::notify(given);
-  } catch (const po::error& e) {
-    throw Error(ExitCode::kUsage, std::string("prep: ") + e.what() + " (see dstrain prep --help)");
-  }
+  parse_command_options(args, description, &given, "prep");
   if (threads < 0 || threads > 1024)
     throw config_error("--threads", std::to_string(threads), "0 (one per core) to 1024");
   options.threads = static_cast<unsigned>(threads);

@@ -36,17 +36,9 @@ int pipeline_command(const std::vector<std::string>& args) {
               << description;
     return args.empty() || args[0] == "simulate" || args[0] == "--help" ? 0 : 2;
   }
-  try {
-    po::variables_map given;
-    po::store(po::command_line_parser(std::vector<std::string>(args.begin() + 1, args.end()))
-                  .options(description)
-                  .style(exact_option_names_style())
-                  .run(),
-              given);
-    po::notify(given);
-  } catch (const po::error& e) {
-    throw Error(ExitCode::kUsage, std::string("pipeline simulate: ") + e.what() + " (see dstrain pipeline --help)");
-  }
+  po::variables_map given;
+  parse_command_options(std::vector<std::string>(args.begin() + 1, args.end()), description, &given,
+                        "pipeline simulate");
   if (pp < 1) throw config_error("--pp", std::to_string(pp), "expected at least 1");
   if (microbatches < 1) throw config_error("--microbatches", std::to_string(microbatches), "expected at least 1");
   if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)

@@ -173,8 +173,36 @@ std::string Options::to_ini() const {
   return out.str();
 }
 
-int exact_option_names_style() {
-  return po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+namespace {
+
+std::string unexpected_argument(const std::string& arg) {
+  const bool ini = arg.size() > 4 && arg.compare(arg.size() - 4, 4, ".ini") == 0;
+  return "unexpected argument '" + arg + "'" + (ini ? ": a configuration file is given as --config " + arg : "");
+}
+
+po::parsed_options parse_exact(const std::vector<std::string>& args, const po::options_description& description) {
+  po::parsed_options parsed =
+      po::command_line_parser(args)
+          .options(description)
+          .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+          .run();
+  for (const po::option& option : parsed.options)
+    if (option.position_key >= 0 || option.string_key.empty())  // nothing would read it
+      throw po::error(unexpected_argument(option.original_tokens.empty() ? option.value.at(0)
+                                                                          : option.original_tokens[0]));
+  return parsed;
+}
+
+}  // namespace
+
+void parse_command_options(const std::vector<std::string>& args, const po::options_description& description,
+                           po::variables_map* given, const std::string& command) {
+  try {
+    po::store(parse_exact(args, description), *given);
+    po::notify(*given);
+  } catch (const po::error& e) {
+    throw Error(ExitCode::kUsage, command + ": " + e.what() + " (see dstrain " + command + " --help)");
+  }
 }
 
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
@@ -184,11 +212,7 @@ ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector
   // earlier one (wrapper scripts append overrides); Boost's store() would refuse the repeat.
   std::map<std::string, std::string> given;
   try {
-    po::parsed_options options =
-        po::command_line_parser(join_bool_values(table, args))
-            .options(description)
-            .style(exact_option_names_style())
-            .run();
+    const po::parsed_options options = parse_exact(join_bool_values(table, args), description);
     for (const po::option& option : options.options) {
       if (option.string_key == "help") {
         parsed.help_requested = true;

@@ -313,7 +313,6 @@ Trainer::Trainer(const TrainConfig& c, const Options& effective, ParallelContext
       config_.loop.eval_batches = available;
     }
   }
-
 }
 
 void Trainer::open_run_directory() {

@@ -66,6 +66,8 @@ TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
       {{"--input", test_corpus().train, "--output", dir + "/out.h5"}, 3,
        test_corpus().train + ": an HDF5 file (a corpus?), not text or JSONL to tokenize"},
       {{"--inpu", text, "--output", dir + "/out.h5"}, 2, "unrecognised option '--inpu'"},
+      // A word that is no option's value is refused, not dropped.
+      {{"--output", dir + "/out.h5", "--input", text, "--shuffle", "more.txt"}, 2, "prep: unexpected argument 'more.txt'"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"prep"};

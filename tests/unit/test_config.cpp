@@ -67,6 +67,9 @@ TEST_F(ConfigTest, UnknownKeysAreRefusedNamingTheKey) {
   expect_error([&] { parse({"--train.stepz", "3"}); }, ExitCode::kUsage, {"train.stepz"});
   expect_error([&] { parse_command_line(table, {"--config", dir.path("missing.ini")}); },
                ExitCode::kUsage, {"missing.ini"});
+  // Words that are no option's value (Boost's parser would hand them over as positional ones).
+  expect_error([&] { parse({"--train.steps", "3", "4"}); }, ExitCode::kUsage, {"unexpected argument '4'"});
+  expect_error([&] { parse({"run.ini"}); }, ExitCode::kUsage, {"unexpected argument 'run.ini'", "--config run.ini"});
 }
 
 TEST_F(ConfigTest, WrongTypesNameKeyValueAndExpectation) {

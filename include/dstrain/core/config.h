@@ -9,6 +9,11 @@
 #include <string>
 #include <vector>
 
+namespace boost::program_options {
+class options_description;
+class variables_map;
+}  // namespace boost::program_options
+
 namespace dstrain {
 
 enum class OptionKind { kString, kInt, kFloat, kBool };
@@ -67,9 +72,12 @@ struct ParsedCommandLine {
 };
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args);
 
-// Boost.Program_options' command-line style without its default guessing of abbreviated names,
-// for every command's parser: `--train.step 5` is an unknown option, not train.steps (an INI file
-// takes no abbreviations either).
-int exact_option_names_style();
+// The options of a command with options of its own (prep, data import, pipeline simulate) into
+// `given`. Names are exact, without Boost's default guessing of abbreviations: `--threads` is not
+// `--thread` (an INI file takes no abbreviations either). An argument that is no option's value
+// is refused (Boost would drop it). Errors are usage errors naming `command`.
+void parse_command_options(const std::vector<std::string>& args,
+                           const boost::program_options::options_description& description,
+                           boost::program_options::variables_map* given, const std::string& command);
 
 }  // namespace dstrain
