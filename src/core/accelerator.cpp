@@ -60,6 +60,13 @@ HostSyncForbidden::HostSyncForbidden(bool active) : active_(active) {
 HostSyncForbidden::~HostSyncForbidden() {
   if (active_) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
 }
+HostSyncExpected::HostSyncExpected()
+    : previous_mode_(static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode())) {
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+}
+HostSyncExpected::~HostSyncExpected() {
+  c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(previous_mode_));
+}
 // Index 0 of each statistic array is the aggregate over every pool.
 int64_t peak_allocated_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return host_peak_resident_bytes();
@@ -73,6 +80,8 @@ void set_current_device(int) {}
 void synchronize(const torch::Device&) {}
 HostSyncForbidden::HostSyncForbidden(bool active) : active_(active) {}
 HostSyncForbidden::~HostSyncForbidden() = default;
+HostSyncExpected::HostSyncExpected() = default;
+HostSyncExpected::~HostSyncExpected() = default;
 int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
 #endif
 

@@ -4,6 +4,8 @@
 
 #include <limits>
 
+#include "dstrain/core/accelerator.h"
+
 namespace dstrain {
 namespace {
 
@@ -105,14 +107,20 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   torch::Tensor expert_of = routing.experts.reshape({-1});
   torch::Tensor order = expert_of.argsort();
   torch::Tensor token_of = order.div(k, "floor");
-  torch::Tensor counts = torch::bincount(expert_of, {}, config_.n_routed_experts);
+  // Counted on the device: CUDA's bincount reads the minimum and maximum on the host first.
+  torch::Tensor counts = torch::zeros({config_.n_routed_experts}, expert_of.options())
+                             .scatter_add_(0, expert_of, torch::ones_like(expert_of));
   if (is_training()) {
     torch::NoGradGuard no_grad;
     load_ += counts.to(load_.scalar_type());
   }
   torch::Tensor inputs = flat.index_select(0, token_of);
   torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
-  const torch::Tensor host_counts = counts.to(torch::kCPU);  // the batch sizes (one sync per layer)
+  torch::Tensor host_counts;
+  {
+    accel::HostSyncExpected batch_sizes;  // the experts' batch sizes: one wait per layer
+    host_counts = counts.to(torch::kCPU);
+  }
   const int64_t* count = host_counts.data_ptr<int64_t>();
   std::vector<torch::Tensor> outputs;
   int64_t start = 0;

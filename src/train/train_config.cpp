@@ -54,7 +54,7 @@ void add_debug_options(OptionTable& t) {
         "sigterm (as Slurm before a time limit), hang (stops answering), nan (its gradients become NaN)");
   t.add("debug.forbid_host_sync", OptionKind::kBool, "false",
         "tests (CUDA): a training step in which a LibTorch operation makes the host wait for the GPU fails the run, "
-        "with the operation's backtrace");
+        "with the operation's backtrace (save the one wait by design: MoE's per-expert batch sizes)");
 }
 
 void add_log_options(OptionTable& t) {

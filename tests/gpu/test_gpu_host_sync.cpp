@@ -48,3 +48,14 @@ TEST_F(GpuHostSync, TrainingStepsDoNotWaitForTheGpu) {
     EXPECT_EQ(train_records(gpu).size(), 20u) << precision;
   }
 }
+
+// DeepSeek-V3's shape (MLA, MoE with the balancing bias and the sequence balance loss, multi-token
+// prediction): the per-expert batch sizes are the one wait, by design, and nothing else waits.
+TEST_F(GpuHostSync, MoETrainingStepsWaitOnlyForTheExpertsBatchSizes) {
+  std::string gpu = scratch_dir("gpu-no-host-sync-moe");
+  RunOutput run = train_tiny(1, gpu, {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                      "--train.device", "cuda", "--train.precision", "bf16",
+                                      "--debug.forbid_host_sync", "true"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(train_records(gpu).size(), 20u);
+}

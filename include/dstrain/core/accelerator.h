@@ -41,6 +41,20 @@ class HostSyncForbidden {
   bool active_;
 };
 
+// Inside a HostSyncForbidden scope, the one wait a step makes by design: MoE's per-expert batch
+// sizes, which the host needs to cut the experts' matrix products (as Megatron's dropless MoE
+// does). Waiting is allowed while one is alive; the mode before it comes back at its end.
+class HostSyncExpected {
+ public:
+  HostSyncExpected();
+  ~HostSyncExpected();
+  HostSyncExpected(const HostSyncExpected&) = delete;
+  HostSyncExpected& operator=(const HostSyncExpected&) = delete;
+
+ private:
+  int previous_mode_ = 0;
+};
+
 // Peak memory on `device` so far: on a GPU the bytes held by tensors (the caching
 // allocator's count); on the CPU, which has no such counter, the process's peak resident memory
 // (libraries and the rest of the process included).
