@@ -62,10 +62,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
   if (H5Aexists(root.get(), "format") <= 0 ||
       h5::read_attribute_string(root.get(), "format", kCode, path) != kCheckpointFormat) {
-    // ckpt.save_final's parameter file has /model but no configuration or trainer state.
+    // What ckpt.save_final wrote in earlier versions: /model without a configuration or trainer state.
     const bool parameter_file = H5Lexists(file, "model", H5P_DEFAULT) > 0 && H5Lexists(file, "trainer", H5P_DEFAULT) <= 0;
-    throw Error(kCode, path + (parameter_file ? ": a model parameter file (what ckpt.save_final writes), not a "
-                                                "checkpoint; give the run's checkpoints/ directory or one of its files"
+    throw Error(kCode, path + (parameter_file ? ": model parameters without a configuration, not a checkpoint; give "
+                                                "the run's checkpoints/ directory or one of its files"
                                               : ": not a complete dstrain checkpoint (no format attribute)"));
   }
   const uint64_t version = h5::read_attribute_u64(root.get(), "format_version", kCode, path);

@@ -17,7 +17,8 @@ void add_ckpt_options(OptionTable& t) {
         "a checkpoint (file or directory) whose model weights start a run that has no checkpoint to resume: "
         "fine-tuning from `dstrain ckpt import-hf` or another run, with fresh optimizer state from step 0");
   t.add("ckpt.save_final", OptionKind::kBool, "false",
-        "at the end, write every parameter (fp32, by Hugging Face name) to RUN_DIR/final_model.h5");
+        "at the end, write the whole model (fp32, by Hugging Face name) to RUN_DIR/final_model.h5: a checkpoint of the "
+        "model alone, for eval, generate, export-hf and ckpt.load_weights");
 }
 
 CkptConfig read_ckpt_config(const Options& o, const std::string& run_dir) {

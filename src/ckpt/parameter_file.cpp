@@ -1,7 +1,6 @@
 #include "dstrain/ckpt/parameter_file.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
@@ -18,39 +17,6 @@ herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* names) {
 }
 
 }  // namespace
-
-void write_parameter_file(const std::string& path, const NamedTensors& params) {
-  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
-  h5::quiet_errors();
-  const std::string tmp = path + ".tmp";
-  {
-    h5::Handle file(h5::check_id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), kCode,
-                                 "cannot create " + tmp),
-                    H5Fclose);
-    h5::Handle group(h5::check_id(H5Gcreate2(file.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), kCode,
-                                  tmp + ": creating /model"),
-                     H5Gclose);
-    for (const auto& [name, tensor] : params) {
-      torch::Tensor values = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-      std::vector<hsize_t> dims(values.sizes().begin(), values.sizes().end());
-      h5::Handle space(h5::check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), kCode,
-                                    "H5Screate_simple"),
-                       H5Sclose);
-      h5::Handle dataset(h5::check_id(H5Dcreate2(group.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
-                                                 H5P_DEFAULT, H5P_DEFAULT),
-                                      kCode, tmp + ": creating /model/" + name),
-                         H5Dclose);
-      h5::check(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data_ptr<float>()),
-                kCode, tmp + ": writing /model/" + name);
-    }
-    h5::check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), kCode, tmp + ": flushing");
-  }
-  std::string why;
-  if (!files::rename(tmp, path, &why)) {
-    std::remove(tmp.c_str());
-    throw Error(kCode, "cannot rename " + tmp + " to " + path + ": " + why);
-  }
-}
 
 NamedTensors read_parameter_file(const std::string& path) {
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());

@@ -55,8 +55,8 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
   const auto& datasets = reader.datasets();
   if (std::none_of(datasets.begin(), datasets.end(),
                    [](const CheckpointReader::DatasetInfo& d) { return d.name.compare(0, 6, "optim/") == 0; }))
-    throw Error(kCode, path + ": model weights without optimizer state (an import?): a run cannot continue it; "
-                       "start one from its weights with ckpt.load_weights = " + path);
+    throw Error(kCode, path + ": model weights without optimizer state (an import, or a run's final_model.h5): a run "
+                       "cannot continue it; start one from its weights with ckpt.load_weights = " + path);
   if (s.model_shape != expected.model_shape) {
     std::istringstream lines(expected.model_shape);
     std::string line;

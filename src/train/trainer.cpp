@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <csignal>
 #include <thread>
 #include <cmath>
@@ -15,7 +16,6 @@
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/gather.h"
-#include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
@@ -161,8 +161,14 @@ class Trainer {
   // ckpt.load_weights: the parameters (their fp32 masters when the checkpoint has them) of a
   // checkpoint, the optimizer state fresh, step 0.
   void start_from_weights(const std::string& path);
+  // What a checkpoint of the state after `step` records besides tensors (this rank's view).
+  CheckpointState checkpoint_state(int64_t step) const;
   // Starts writing a checkpoint of the state after `step` (training goes on meanwhile).
   void save_checkpoint(int64_t step);
+  // ckpt.save_final (reporting rank): the whole model after `step`, fp32, as a checkpoint of the
+  // model alone in one file, like an import: eval, generate, export-hf and ckpt.load_weights take
+  // it; continuing the run takes the optimizer state of its checkpoints.
+  void write_final_model(int64_t step, const NamedTensors& model) const;
   // Every rank learns at this step boundary whether any was asked to stop (SIGTERM, SIGUSR1).
   bool stop_requested_anywhere();
   // debug.fail_*: the fault a test asked for, at the start of `step`.
@@ -562,8 +568,7 @@ void Trainer::start_from_weights(const std::string& path) {
             "): fresh optimizer state, step 0");
 }
 
-void Trainer::save_checkpoint(int64_t step) {
-  check_finite_steps(step);  // a non-finite step never reaches a checkpoint
+CheckpointState Trainer::checkpoint_state(int64_t step) const {
   CheckpointState state;
   state.step = step;
   state.consumed_samples = consumed_samples(step);
@@ -587,6 +592,27 @@ void Trainer::save_checkpoint(int64_t step) {
   state.virtual_stages = static_cast<uint64_t>(config_.parallel.virtual_stages);
   state.schedule = config_.parallel.schedule;
   state.stage_layers = stage_layers_text_;
+  return state;
+}
+
+void Trainer::write_final_model(int64_t step, const NamedTensors& model) const {
+  CheckpointState state = checkpoint_state(step);
+  state.world_size = state.dp = state.pp = state.virtual_stages = 1;  // one file, one stage
+  state.stage_layers = std::to_string(config_.model.num_layers);
+  state.rng = at::detail::getDefaultCPUGenerator().get_state().reshape({1, -1});
+  std::map<std::string, torch::Tensor> by_dataset;
+  std::vector<std::string> datasets;
+  for (const auto& [name, tensor] : model) {
+    datasets.push_back("model/" + name);
+    by_dataset["model/" + name] = tensor;
+  }
+  write_checkpoint_file(config_.run.dir + "/final_model.h5", datasets,
+                        [&](const std::string& dataset) { return by_dataset.at(dataset).to(torch::kFloat32); }, state);
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  check_finite_steps(step);  // a non-finite step never reaches a checkpoint
+  CheckpointState state = checkpoint_state(step);
   CheckpointContents contents = checkpoint_contents(params_, *optimizer_, grads_->sharded());
   const double blocked = checkpoints_->begin(step, contents.replicated, contents.owned, std::move(state),
                                              at::detail::getDefaultCPUGenerator().get_state());
@@ -718,7 +744,7 @@ TrainResult Trainer::run() {
   const NamedTensors model = gather_parameters(params_, parallel_);
   if (is_reporting_rank_) {
     result.param_digest = parameter_digest(model);
-    if (config_.ckpt.save_final) write_parameter_file(config_.run.dir + "/final_model.h5", model);
+    if (config_.ckpt.save_final) write_final_model(steps, model);
   }
   const uint64_t tokens = consumed_samples(steps) * static_cast<uint64_t>(config_.loop.seq_len);
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "dstrain/core/files.h"
 #include "dstrain/core/h5.h"
 #include "e2e_util.h"
 
@@ -14,12 +15,12 @@ using namespace dstrain::e2e;
 
 namespace {
 
-// Trains input/tiny.ini for 20 steps (checkpoint at the end; its eval_loss over 2 global
-// batches of the validation corpus in summary.json) once per test process.
+// Trains input/tiny.ini for 20 steps (checkpoint and final_model.h5 at the end; its eval_loss
+// over 2 global batches of the validation corpus in summary.json) once per test process.
 const std::string& trained_run() {
   static const std::string dir = [] {
     std::string d = scratch_dir("eval-trained-" + std::to_string(getpid()));
-    RunOutput run = train_tiny(1, d, {"--train.device", "cpu", "--ckpt.interval", "20"});
+    RunOutput run = train_tiny(1, d, {"--train.device", "cpu", "--ckpt.interval", "20", "--ckpt.save_final", "true"});
     if (run.exit_code != 0) ADD_FAILURE() << run.output;
     return d;
   }();
@@ -48,6 +49,36 @@ TEST(Eval, EqualsTheTrainingLoopsEvaluationOnTheSameLayout) {
   EXPECT_EQ(result["batches"], 2);
   EXPECT_EQ(result["tokens"], 2 * 2 * 32);  // 2 global batches × 2 sequences × 32 predicted tokens
   EXPECT_DOUBLE_EQ(result["perplexity"].get<double>(), std::exp(trained));
+}
+
+// ckpt.save_final's file is a checkpoint of the model alone: evaluated, it is the run's last
+// evaluation; generate and export-hf read it as they read the run's checkpoints; a run cannot
+// continue from it (no optimizer state).
+TEST(Eval, TheFinalModelIsACheckpointOfTheModel) {
+  const double trained = read_json(trained_run() + "/summary.json")["final_eval_loss"];
+  const std::string final_model = trained_run() + "/final_model.h5";
+  nlohmann::json result = eval(1, final_model, {"--batches", "2"});
+  ASSERT_TRUE(result.is_object());
+  EXPECT_EQ(result["loss"].get<double>(), trained);
+  EXPECT_EQ(result["step"], 20);
+
+  auto generate = [](const std::string& ckpt) {
+    return run_dstrain(0, {"generate", "--ckpt", ckpt, "--prompt", "the", "--max-new-tokens", "8", "--temperature",
+                           "0", "--device", "cpu"});
+  };
+  RunOutput from_final = generate(final_model), from_checkpoint = generate(trained_run() + "/checkpoints");
+  ASSERT_EQ(from_final.exit_code, 0) << from_final.output;
+  EXPECT_EQ(from_final.output.substr(0, from_final.output.find('\n')),
+            from_checkpoint.output.substr(0, from_checkpoint.output.find('\n')));
+  const std::string hf = scratch_dir("eval-final-export-" + std::to_string(getpid())) + "/hf";
+  RunOutput exported = run_dstrain(0, {"ckpt", "export-hf", final_model, "--output", hf});
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_TRUE(dstrain::files::is_regular_file(hf + "/model.safetensors")) << exported.output;
+
+  RunOutput resumed = train_tiny(1, scratch_dir("eval-final-resume-" + std::to_string(getpid())),
+                                 {"--train.device", "cpu", "--ckpt.resume", final_model});
+  EXPECT_EQ(resumed.exit_code, 4) << resumed.output;
+  EXPECT_NE(resumed.output.find("without optimizer state"), std::string::npos) << resumed.output;
 }
 
 TEST(Eval, AnyLayoutGivesTheSameLoss) {
