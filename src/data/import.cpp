@@ -70,9 +70,18 @@ std::string inspect_megatron(const std::string& path) {
 CorpusInfo import_corpus(const ImportOptions& options) {
   if (options.inputs.empty()) throw config_error("--input", "", "give at least one file to import");
   if (options.output.empty()) throw config_error("--output", "", "give the corpus file to write");
-  if (options.format == "llmc") return llmc::import_shards(options);
-  if (options.format == "megatron") return megatron::import_datasets(options);
-  throw config_error("--format", options.format, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
+  if (options.format != "llmc" && options.format != "megatron")
+    throw config_error("--format", options.format, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
+  std::vector<std::string> made;  // the output's directories this import made: removed again if it fails
+  std::string why;
+  if (!files::parent(options.output).empty() && !files::make_directories(files::parent(options.output), &why, &made))
+    throw config_error("--output", options.output, "cannot create its directory (" + why + ")");
+  try {
+    return options.format == "llmc" ? llmc::import_shards(options) : megatron::import_datasets(options);
+  } catch (...) {
+    files::remove_empty_directories(made);
+    throw;
+  }
 }
 
 std::string inspect_corpus(const std::string& path, uint64_t show_tokens) {

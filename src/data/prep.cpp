@@ -302,20 +302,28 @@ void check_options(const PrepOptions& options) {
   }
 }
 
-}  // namespace
-
-std::string default_valid_path(const std::string& output) {
-  const std::string dir = files::parent(output);
-  return (dir.empty() ? "" : dir == "/" ? "/" : dir + "/") + files::stem(output) + ".valid" + files::extension(output);
+// The directories of the corpus files, as far as they are missing (every rank writes its part
+// there); those made are appended to `made`.
+void make_output_directories(const PrepOptions& options, const std::string& valid_path, std::vector<std::string>* made) {
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--output", options.output}};
+  if (options.valid_fraction > 0)
+    outputs.emplace_back(options.valid_output.empty() ? "--output" : "--valid-output", valid_path);
+  for (const auto& [option, path] : outputs) {
+    std::string why;
+    const std::string dir = files::parent(path);
+    if (!dir.empty() && !files::make_directories(dir, &why, made))
+      throw config_error(option, path, "cannot create its directory (" + why + ")");
+  }
 }
 
-PrepSummary run_prep(const PrepOptions& options) {
+PrepSummary prep(const PrepOptions& options, std::vector<std::string>* made_directories) {
   const bool several = options.world > 1 && options.sum_over_ranks;
   const auto started = Clock::now();
   std::unique_ptr<Tokenizer> tokenizer;
   try {
     check_options(options);
     tokenizer = make_tokenizer(options.tokenizer, options.eod_token);
+    make_output_directories(options, valid_output_path(options), made_directories);
   } catch (const Error& e) {
     // Every rank finds the same: the lowest says it.
     throw Error(e.code(), options.rank == 0 ? e.what() : "");
@@ -388,6 +396,23 @@ PrepSummary run_prep(const PrepOptions& options) {
   if (join_failed[0] > 0) throw Error(ExitCode::kData, "");
   summary.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return summary;
+}
+
+}  // namespace
+
+std::string default_valid_path(const std::string& output) {
+  const std::string dir = files::parent(output);
+  return (dir.empty() ? "" : dir == "/" ? "/" : dir + "/") + files::stem(output) + ".valid" + files::extension(output);
+}
+
+PrepSummary run_prep(const PrepOptions& options) {
+  std::vector<std::string> made;  // the outputs' directories this prep made: removed again if it fails
+  try {
+    return prep(options, &made);
+  } catch (...) {
+    files::remove_empty_directories(made);
+    throw;
+  }
 }
 
 }  // namespace dstrain

@@ -78,6 +78,21 @@ TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
     EXPECT_FALSE(dstrain::files::exists(dir + "/out.h5"));
   }
   EXPECT_EQ(read_text(text), "a few words to tokenize\n");
+
+  // Missing directories of the outputs are made (the README's data/my.h5 on a fresh checkout),
+  // and removed again when prep fails.
+  const std::string bad = dir + "/bad.jsonl";
+  std::ofstream(bad) << "{\"text\": \"fine\"}\nnot json\n";
+  RunOutput failed = run_dstrain(0, {"prep", "--input", bad, "--output", dir + "/fresh/data/out.h5"});
+  EXPECT_EQ(failed.exit_code, 3) << failed.output;
+  EXPECT_NE(failed.output.find(bad + ":2: invalid JSON"), std::string::npos) << failed.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/fresh"));
+  std::ofstream(text + ".copy") << "more words\n";
+  RunOutput made = run_dstrain(0, {"prep", "--input", text, text + ".copy", "--output", dir + "/fresh/data/out.h5",
+                                   "--valid-fraction", "0.5", "--valid-output", dir + "/fresh/valid/out.h5"});
+  EXPECT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_TRUE(dstrain::files::is_regular_file(dir + "/fresh/data/out.h5"));
+  EXPECT_TRUE(dstrain::files::is_regular_file(dir + "/fresh/valid/out.h5"));
 }
 
 TEST(Prep, MpiRanksGiveTheCorpusOfOneProcess) {
