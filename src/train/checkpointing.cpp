@@ -49,6 +49,26 @@ std::string model_shape_text(const ModelConfig& m) {
   return out.str();
 }
 
+namespace {
+
+// The options that give `global_batch` on this run's layout: the global batch, and a smaller
+// micro-batch where this one does not divide its share of each data-parallel rank.
+std::string global_batch_arguments(uint64_t global_batch, const std::map<std::string, std::string>& config) {
+  std::string arguments = "--train.global_batch " + std::to_string(global_batch);
+  const auto micro_text = config.find("train.micro_batch"), dp_text = config.find("parallel.dp");
+  if (micro_text == config.end() || dp_text == config.end()) return arguments;
+  const uint64_t micro = std::stoull(micro_text->second), dp = std::stoull(dp_text->second);
+  if (micro == 0 || dp == 0 || global_batch % (micro * dp) == 0) return arguments;
+  if (global_batch % dp != 0)
+    return arguments + " on a number of data-parallel ranks that divides it (parallel.dp = " + std::to_string(dp) +
+           " does not)";
+  uint64_t fitting = micro;
+  while ((global_batch / dp) % fitting != 0) --fitting;
+  return arguments + " --train.micro_batch " + std::to_string(fitting);
+}
+
+}  // namespace
+
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {
   const CheckpointState& s = reader.state();
   const std::string& path = reader.path();
@@ -72,20 +92,18 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
     throw Error(kCode, "data.train = " + expected.corpus_path + ": not the corpus " + path + " trained on (" +
                            s.corpus_path + ", fingerprint " + s.corpus_checksum + "; this one's is " +
                            expected.corpus_fingerprint + "); resume with that corpus, or set ckpt.resume = none");
-  if (s.global_batch != expected.global_batch)
-    throw config_error("train.global_batch", std::to_string(expected.global_batch),
-                       path + " was trained with " + std::to_string(s.global_batch) +
-                           " sequences per step; resume with --train.global_batch " + std::to_string(s.global_batch) +
-                           " (the data order depends on it)");
-  if (s.seq_len != expected.seq_len)
-    throw config_error("train.seq_len", std::to_string(expected.seq_len),
-                       path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +
-                           std::to_string(s.seq_len));
-
   // Settings of the checkpoint's configuration that a resumed run should keep (checkpoints
   // written before a setting existed do not have it: nothing to compare).
   const std::map<std::string, std::string> theirs = checkpoint_config_values(s.config),
                                            ours = checkpoint_config_values(expected.config);
+  if (s.global_batch != expected.global_batch)
+    throw config_error("train.global_batch", std::to_string(expected.global_batch),
+                       path + " was trained with " + std::to_string(s.global_batch) + " sequences per step; resume with " +
+                           global_batch_arguments(s.global_batch, ours) + " (the data order depends on it)");
+  if (s.seq_len != expected.seq_len)
+    throw config_error("train.seq_len", std::to_string(expected.seq_len),
+                       path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +
+                           std::to_string(s.seq_len));
   auto changed = [&](const std::string& key) {
     const auto there = theirs.find(key), here = ours.find(key);
     return there != theirs.end() && here != ours.end() && there->second != here->second;

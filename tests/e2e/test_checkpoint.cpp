@@ -225,6 +225,12 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_NE(batch.output.find("train.global_batch = 4: " + good +
                               " was trained with 8 sequences per step; resume with --train.global_batch 8"),
             std::string::npos) << batch.output;
+  // ... and, where this run's micro-batch does not divide it, a micro-batch that does.
+  RunOutput micro = train(1, 1, scratch_dir("ckpt-other-micro"),
+                          {"--ckpt.resume", good, "--train.global_batch", "6", "--train.micro_batch", "3"});
+  EXPECT_EQ(micro.exit_code, 2) << micro.output;
+  EXPECT_NE(micro.output.find("resume with --train.global_batch 8 --train.micro_batch 2"), std::string::npos)
+      << micro.output;
   RunOutput seed = train(1, 1, scratch_dir("ckpt-other-seed"), {"--ckpt.resume", good, "--run.seed", "7"});
   EXPECT_EQ(seed.exit_code, 2) << seed.output;
   EXPECT_NE(seed.output.find("run.seed = 7: " + good + " was trained with seed 1234; resume with --run.seed 1234"),
