@@ -7,7 +7,7 @@ namespace dstrain {
 void add_ckpt_options(OptionTable& t) {
   t.add("ckpt.dir", OptionKind::kString, "", "checkpoint directory (empty: RUN_DIR/checkpoints); on a shared file system");
   t.add("ckpt.interval", OptionKind::kInt, "0",
-        "write a checkpoint every N steps and at the end (0: only when stopped by SIGTERM/SIGUSR1)");
+        "write a checkpoint every N steps and at the end (0: only when stopped by SIGTERM/SIGUSR1/SIGINT)");
   t.add("ckpt.keep_last", OptionKind::kInt, "3", "keep the newest K checkpoints (0: all)");
   t.add("ckpt.keep_every", OptionKind::kInt, "0", "also keep, for good, checkpoints whose step is a multiple of N");
   t.add("ckpt.resume", OptionKind::kString, "auto",

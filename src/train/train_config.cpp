@@ -51,7 +51,8 @@ void add_debug_options(OptionTable& t) {
   t.add("debug.fail_rank", OptionKind::kInt, "0", "tests: the world rank that fails");
   t.add("debug.fail_mode", OptionKind::kString, "kill",
         "tests: kill (SIGKILL), kill_in_save (SIGKILL while writing a checkpoint saved at that step), "
-        "sigterm (as Slurm before a time limit), hang (stops answering), nan (its gradients become NaN)");
+        "sigterm (as Slurm before a time limit), sigint (Ctrl-C), hang (stops answering), nan (its gradients become "
+        "NaN)");
   t.add("debug.forbid_host_sync", OptionKind::kBool, "false",
         "tests (CUDA): a training step in which a LibTorch operation makes the host wait for the GPU fails the run, "
         "with the operation's backtrace (save the one wait by design: MoE's per-expert batch sizes)");
@@ -168,7 +169,7 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.log.all_ranks = o.get_bool("log.all_ranks");
   c.debug.fail_at_step = o.get_int("debug.fail_at_step", 0);
   c.debug.fail_rank = static_cast<int>(o.get_int("debug.fail_rank", 0, world_size - 1));
-  c.debug.fail_mode = o.get_choice("debug.fail_mode", {"kill", "kill_in_save", "sigterm", "hang", "nan"});
+  c.debug.fail_mode = o.get_choice("debug.fail_mode", {"kill", "kill_in_save", "sigterm", "sigint", "hang", "nan"});
   c.debug.forbid_host_sync = o.get_bool("debug.forbid_host_sync");
   return c;
 }

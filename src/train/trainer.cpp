@@ -632,6 +632,7 @@ bool Trainer::stop_requested_anywhere() {
 void Trainer::inject_fault(int64_t step) {
   if (fault_due(step, "kill")) std::raise(SIGKILL);
   if (fault_due(step, "sigterm")) std::raise(SIGTERM);
+  if (fault_due(step, "sigint")) std::raise(SIGINT);
   if (fault_due(step, "hang")) {
     log::error("debug.fail_mode = hang: rank ", parallel_.world_rank, " stops answering at step ", step);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));

@@ -137,6 +137,16 @@ TEST(Checkpoint, SigtermCheckpointsRequeuesAndResumesExactly) {
   expect_same_records(uninterrupted(), dir, 0.0);
 }
 
+// Ctrl-C in an interactive run (one process, no mpirun): the same graceful stop.
+TEST(Checkpoint, SigintStopsWithACheckpoint) {
+  std::string dir = scratch_dir("ckpt-sigint");
+  RunOutput stopped = train(0, 1, dir, {"--debug.fail_at_step", "4", "--debug.fail_mode", "sigint"});
+  EXPECT_EQ(stopped.exit_code, 75) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopped by SIGINT after step 4: checkpoint written"), std::string::npos)
+      << stopped.output;
+  EXPECT_EQ(latest_of(dir), "step_00000004.h5");
+}
+
 // Damage and mismatches: each a clear error with the checkpoint exit code, naming what is wrong.
 TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   std::string dir = scratch_dir("ckpt-damaged");
