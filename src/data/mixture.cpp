@@ -11,7 +11,7 @@ namespace dstrain {
 
 std::vector<MixtureComponent> parse_mixture(const std::string& spec, const std::string& key) {
   std::vector<MixtureComponent> components;
-  size_t start = 0;
+  size_t start = 0, weighted = 0;  // entries with a weight
   double total = 0;
   while (start <= spec.size()) {
     size_t comma = spec.find(',', start);
@@ -27,12 +27,16 @@ std::vector<MixtureComponent> parse_mixture(const std::string& spec, const std::
         throw config_error(key, spec, "'" + weight + "' (the weight of " + entry.substr(0, colon) +
                                           ") is not a positive number; expected FILE or FILE:WEIGHT,FILE:WEIGHT,...");
       component = MixtureComponent{entry.substr(0, colon), value};
+      ++weighted;
     }
     if (component.path.empty()) throw config_error(key, spec, "an empty file name; expected FILE:WEIGHT,FILE:WEIGHT,...");
     total += component.weight;
     components.push_back(component);
     start = comma + 1;
   }
+  // "a.h5:0.7,b.h5" would give b.h5 a weight of 1, which no one means.
+  if (weighted != 0 && weighted != components.size())
+    throw config_error(key, spec, "give every corpus a weight (FILE:WEIGHT,FILE:WEIGHT,...) or none");
   for (MixtureComponent& c : components) c.weight /= total;
   return components;
 }

@@ -162,6 +162,8 @@ TrainConfig read_train_config(Options& o, int world_size) {
     if (!files::is_regular_file(component.path))
       throw config_error("data.train", c.data.train, component.path + ": no such file (make a corpus with `dstrain prep`)");
   c.data.valid = o.get_string("data.valid");
+  if (!c.data.valid.empty() && !files::exists(c.data.valid) && parse_mixture(c.data.valid, "data.valid").size() > 1)
+    throw config_error("data.valid", c.data.valid, "one corpus: evaluation takes no mixture");
   if (!c.data.valid.empty()) require_file(o, "data.valid");
   c.data.prefetch = o.get_int("data.prefetch", 1, 1024);
   c.ckpt = read_ckpt_config(o, c.run.dir);

@@ -657,6 +657,18 @@ TrainResult Trainer::run() {
             config_.loop.grad_accum, " × dp ", parallel_.grid.dp(), "), ",
             with_commas(static_cast<double>(train_data_.n_tokens())), " tokens in ",
             config_.data.train);
+  if (train_data_.corpora.size() > 1) {
+    // What each corpus gives the run: its share of the samples, and how often that goes through it.
+    const double run_samples = static_cast<double>(steps) * static_cast<double>(config_.loop.global_batch);
+    for (size_t c = 0; c < train_data_.corpora.size(); ++c) {
+      const CorpusInfo& info = train_data_.corpora[c]->info();
+      const double samples = static_cast<double>(samples_in_corpus(info.n_tokens, config_.loop.seq_len));
+      char text[96];
+      std::snprintf(text, sizeof text, "%.1f%% of the samples, %.2f epochs of its ", 100 * train_data_.weights[c],
+                    train_data_.weights[c] * run_samples / samples);
+      log::info("  ", info.path, ": ", text, with_commas(samples));
+    }
+  }
   TrainResult result;
   const Clock::time_point start = Clock::now();
   double trained_seconds = 0;  // in training steps, evaluation left out

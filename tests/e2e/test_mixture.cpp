@@ -36,6 +36,9 @@ TEST(Mixture, TrainsDeterministicallyAndResumesBitwise) {
                     stopped = scratch_dir("mixture-stopped"), other = scratch_dir("mixture-other");
   RunOutput run = train_mixture(whole, "3");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The start says what each corpus gives the run.
+  EXPECT_NE(run.output.find(test_corpus().train + ": 75.0% of the samples, "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find(second_corpus() + ": 25.0% of the samples, "), std::string::npos) << run.output;
   ASSERT_EQ(train_mixture(again, "3").exit_code, 0);
   EXPECT_EQ(digest(whole), digest(again));
   ASSERT_EQ(train_mixture(other, "1").exit_code, 0);

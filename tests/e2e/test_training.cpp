@@ -159,6 +159,7 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       {2, {"--model.num_heads", "3"}, "model.num_heads = 3: must divide model.hidden_size (32)"},
       {2, {"--train.global_batch", "6"}, "train.global_batch = 6: must be a multiple of"},
       {0, {"--data.train", dir + "/missing.h5"}, "data.train = " + dir + "/missing.h5: no such file"},
+      {0, {"--data.valid", "a.h5:1,b.h5:1"}, "data.valid = a.h5:1,b.h5:1: one corpus: evaluation takes no mixture"},
       {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
       // A prefix of one option (train.steps) is not that option: the same key in a file is refused too.
       {0, {"--train.step", "5"}, "unrecognised option '--train.step'"},

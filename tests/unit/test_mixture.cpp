@@ -27,6 +27,11 @@ TEST(Mixture, ParsesFilesAndNormalizesWeights) {
   expect_error([] { parse_mixture("a.h5:0.7,b.h5:x", "data.train"); }, ExitCode::kUsage, {"data.train", "'x'", "b.h5"});
   expect_error([] { parse_mixture("a.h5:-1", "data.train"); }, ExitCode::kUsage, {"data.train", "'-1'"});
   expect_error([] { parse_mixture("a.h5,,b.h5", "data.train"); }, ExitCode::kUsage, {"data.train", "empty file name"});
+  // Without weights the corpora weigh alike; with some, every one needs its own.
+  auto alike = parse_mixture("a.h5,b.h5", "data.train");
+  EXPECT_DOUBLE_EQ(alike[1].weight, 0.5);
+  expect_error([] { parse_mixture("a.h5:0.7,b.h5", "data.train"); }, ExitCode::kUsage,
+               {"data.train = a.h5:0.7,b.h5: give every corpus a weight"});
 }
 
 TEST(Mixture, EveryPrefixHoldsEachCorpusInProportionAndEachCorpusItsOwnEpochs) {
