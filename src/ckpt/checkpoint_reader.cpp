@@ -38,11 +38,15 @@ std::string latest_in(const std::string& dir) {
 
 std::string resolve_checkpoint(const std::string& path, const std::string& key) {
   if (files::exists(path + "/latest")) return latest_in(path);
-  if (!files::is_regular_file(path))
-    throw Error(kCode, key + " = " + path +
-                           (files::exists(path) ? ": a directory without a checkpoint (no `latest` file in it)"
-                                                : ": no such checkpoint file"));
-  return path;
+  if (files::is_regular_file(path)) return path;
+  if (!files::is_directory(path)) throw Error(kCode, key + " = " + path + ": no such checkpoint file");
+  std::string newest;  // step_NNNNNNNN.h5 sorts by step
+  for (const std::string& name : files::directory_entries(path))
+    if (name.size() == 16 && name.compare(0, 5, "step_") == 0 && name.compare(13, 3, ".h5") == 0 && name > newest)
+      newest = name;
+  if (newest.empty()) throw Error(kCode, key + " = " + path + ": a directory without a checkpoint (no `latest` file in it)");
+  throw Error(kCode, key + " = " + path + ": holds checkpoints but no `latest` to choose one; give one of them, " +
+                         "the newest being " + path + "/" + newest);
 }
 
 std::string resolve_resume(const std::string& resume, const std::string& dir) {

@@ -111,10 +111,15 @@ int generate_command(const std::vector<std::string>& args) {
   for (int64_t id : tokens)
     if (id != sampling.stop_token) text_ids.push_back(static_cast<uint32_t>(id));
   std::cout << parsed.own.at("prompt") << tokenizer->decode(text_ids) << std::endl;
+  const bool ended = !tokens.empty() && tokens.back() == sampling.stop_token;
+  const bool at_limit = !ended && static_cast<int64_t>(tokens.size()) < sampling.max_new_tokens;
+  const std::string why_stopped =
+      ended ? ", ended at the end-of-document token"
+      : at_limit ? ", stopped at model.max_seq_len = " + std::to_string(model_config.max_seq_len) + " positions"
+                 : "";
   std::fprintf(stderr, "generated %zu tokens in %.2f s (%.1f tokens/s) on %s from %s (step %lld)%s\n", tokens.size(),
                seconds, seconds > 0 ? static_cast<double>(tokens.size()) / seconds : 0.0, device.str().c_str(),
-               checkpoint.c_str(), static_cast<long long>(reader.state().step),
-               !tokens.empty() && tokens.back() == sampling.stop_token ? ", ended at the end-of-document token" : "");
+               checkpoint.c_str(), static_cast<long long>(reader.state().step), why_stopped.c_str());
   return 0;
 }
 

@@ -263,7 +263,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
   {
     std::string why;
     if (!files::make_directories(dir, &why, &made_directories))
-      throw Error(kCode, dir + ": cannot create this directory (" + why + ")");
+      throw config_error("--output", dir, "cannot create this directory (" + why + ")");
     std::ofstream out(tmp, std::ios::trunc);
     out << config.json.dump(2) << "\n";
     out.close();

@@ -75,7 +75,11 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.micro_batch = o.get_int("train.micro_batch", 1);
   c.grad_accum = o.get_int("train.grad_accum", 0);
   c.global_batch = o.get_int("train.global_batch", 0);
-  c.seq_len = o.get_int("train.seq_len", 1, model.max_seq_len);
+  c.seq_len = o.get_int("train.seq_len", 1);
+  if (c.seq_len > model.max_seq_len)
+    throw config_error("train.seq_len", std::to_string(c.seq_len),
+                       "longer than model.max_seq_len = " + std::to_string(model.max_seq_len) +
+                           " (the positions RoPE is set up for; raise it with the model)");
   if (model.num_nextn_predict_layers >= c.seq_len)  // depth k predicts from the first seq_len - k positions
     throw config_error("train.seq_len", std::to_string(c.seq_len),
                        "must be longer than model.num_nextn_predict_layers = " + std::to_string(model.num_nextn_predict_layers) +

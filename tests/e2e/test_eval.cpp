@@ -127,6 +127,23 @@ TEST(Eval, BadInputIsOneClearError) {
                                        test_corpus().valid, "--batches", "1000000", "--train.device", "cpu"});
   EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
   EXPECT_EQ(too_many.output.find("[rank 1]"), std::string::npos) << "reported once: " << too_many.output;
+
+  // Checkpoints without `latest`: the message names the newest.
+  const std::string unlisted = scratch_dir("eval-unlisted");
+  std::ofstream(unlisted + "/step_00000020.h5", std::ios::binary) << read_text(trained_run() + "/checkpoints/step_00000020.h5");
+  RunOutput no_latest = run_dstrain(0, {"eval", "--ckpt", unlisted, "--data", test_corpus().valid});
+  EXPECT_EQ(no_latest.exit_code, 4) << no_latest.output;
+  EXPECT_NE(no_latest.output.find("holds checkpoints but no `latest` to choose one; give one of them, the newest being " +
+                                  unlisted + "/step_00000020.h5"),
+            std::string::npos) << no_latest.output;
+  // An unwritable --json is found before the evaluation, not after it.
+  std::ofstream(unlisted + "/a-file") << "x";
+  RunOutput bad_json = run_dstrain(0, {"eval", "--ckpt", trained_run() + "/checkpoints", "--data", test_corpus().valid,
+                                       "--json", unlisted + "/a-file/eval.json"});
+  EXPECT_EQ(bad_json.exit_code, 2) << bad_json.output;
+  EXPECT_NE(bad_json.output.find("--json = " + unlisted + "/a-file/eval.json: cannot create its directory"),
+            std::string::npos) << bad_json.output;
+  EXPECT_EQ(bad_json.output.find("eval of "), std::string::npos) << bad_json.output;
 }
 
 TEST(Eval, DamagedTensorOfOneStageEndsEveryRankWithOneMessage) {

@@ -91,6 +91,14 @@ TEST(Generate, SamplingIsSeededAndBadOptionsAreClearErrors) {
   EXPECT_EQ(generated_text(a), generated_text(b));
   EXPECT_NE(generated_text(a), generated_text(c));
 
+  // The model's positions end the text before --max-new-tokens does, and the summary says so.
+  RunOutput long_text = run_dstrain(0, {"generate", "--ckpt", ckpt, "--prompt", "the quick", "--device", "cpu",
+                                        "--max-new-tokens", "100"});
+  ASSERT_EQ(long_text.exit_code, 0) << long_text.output;
+  // 64 positions: the 9 of the prompt and 55 new tokens fed back, and the last one, never fed back.
+  EXPECT_NE(long_text.output.find("generated 56 tokens"), std::string::npos) << long_text.output;
+  EXPECT_NE(long_text.output.find("stopped at model.max_seq_len = 64 positions"), std::string::npos) << long_text.output;
+
   RunOutput bad_p = generate(ckpt, {"--top-p", "1.5"});
   EXPECT_EQ(bad_p.exit_code, 2) << bad_p.output;
   EXPECT_NE(bad_p.output.find("--top-p = 1.5"), std::string::npos) << bad_p.output;

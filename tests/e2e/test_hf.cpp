@@ -390,6 +390,10 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
   RunOutput bad_dtype = run_dstrain(0, {"ckpt", "export-hf", existing, "--output", dir + "/out", "--dtype", "fp8"});
   EXPECT_EQ(bad_dtype.exit_code, 2) << bad_dtype.output;
   EXPECT_TRUE(contains(bad_dtype.output, "--dtype = fp8")) << bad_dtype.output;
+  RunOutput onto_file = run_dstrain(0, {"ckpt", "export-hf", existing, "--output", existing});
+  EXPECT_EQ(onto_file.exit_code, 2) << onto_file.output;
+  EXPECT_TRUE(contains(onto_file.output, "--output = " + existing + ": cannot create this directory")) << onto_file.output;
+  EXPECT_EQ(file_bytes(existing), existing_bytes);
   RunOutput no_ckpt = run_dstrain(0, {"ckpt", "export-hf", dir + "/none.h5", "--output", dir + "/out"});
   EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
   EXPECT_FALSE(dstrain::files::exists(dir + "/out"));

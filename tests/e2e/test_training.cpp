@@ -166,6 +166,7 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       // The checkpoint directory is run.dir's unless ckpt.dir says otherwise: the message names run.dir.
       {0, {"--run.dir", dir + "/a-file/run"}, "run.dir = " + dir + "/a-file/run: cannot create " + dir + "/a-file/run/checkpoints"},
       {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
+      {0, {"--train.seq_len", "100"}, "train.seq_len = 100: longer than model.max_seq_len = 64"},
       // An INI file without --config would otherwise be ignored, and the defaults trained.
       {0, {"input/demo.ini"}, "unexpected argument 'input/demo.ini': a configuration file is given as --config"},
       {0, {"--model.vocab_size", "100"}, "model.vocab_size = 100: smaller than the vocabulary"},
