@@ -328,6 +328,10 @@ void Trainer::open_run_directory() {
   const std::string& dir = config_.run.dir;
   std::string why;
   if (!files::make_directories(dir, &why)) throw config_error("run.dir", dir, "cannot create this directory (" + why + ")");
+  if (start_step_ == 0 && files::is_regular_file(dir + "/metrics.jsonl"))
+    log::warning("run.dir = ", dir, " holds the logs of an earlier run, and this one starts at step 0: it replaces ",
+                 "their config.ini, metrics.jsonl and summary.json; their TensorBoard files",
+                 files::exists(dir + "/final_model.h5") ? " and final_model.h5" : "", " stay");
   write_text_file(dir + "/config.ini", config_text_);
   metrics_ = MetricsLog(dir + "/metrics.jsonl", start_step_);
   tensorboard_ = TensorBoardLog(dir, start_step_);

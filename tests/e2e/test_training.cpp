@@ -98,6 +98,14 @@ TEST(Training, RunDirectoryHoldsEffectiveConfigMetricsAndSummary) {
   ASSERT_EQ(rerun.exit_code, 0) << rerun.output;
   EXPECT_EQ(read_json(again + "/summary.json")["param_digest"],
             read_json(dir + "/nested/run/summary.json")["param_digest"]);
+
+  // A run from step 0 in a directory with another run's logs says that it replaces them.
+  RunOutput replacing = train(1, again, {"--train.steps", "2"});
+  ASSERT_EQ(replacing.exit_code, 0) << replacing.output;
+  EXPECT_NE(replacing.output.find("run.dir = " + again + " holds the logs of an earlier run, and this one starts at "
+                                  "step 0: it replaces their config.ini, metrics.jsonl and summary.json"),
+            std::string::npos) << replacing.output;
+  EXPECT_EQ(train_records(again).back()["step"], 2);
 }
 
 // Evaluation follows train.eval_interval whether or not a log line falls on the same step.
