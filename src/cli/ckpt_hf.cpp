@@ -20,12 +20,13 @@
 namespace dstrain {
 
 const char* kImportHfUsage =
-    "usage: dstrain ckpt import-hf PATH --config FILE.ini --output CKPT.h5 [--section.key value ...]\n"
+    "usage: dstrain ckpt import-hf PATH [--config FILE.ini] --output CKPT.h5 [--section.key value ...]\n"
     "\n"
     "Reads Hugging Face safetensors weights (PATH: a .safetensors file, or a directory with\n"
     "model.safetensors or with shards and model.safetensors.index.json; BF16, F16 or F32) into a new\n"
     "checkpoint CKPT.h5 for the model that FILE.ini configures (its [model] keys, train.precision for\n"
-    "the stored dtype). Every parameter must be in the files with the same shape. `dstrain eval` and\n"
+    "the stored dtype), or without --config the model that the config.json beside the weights\n"
+    "describes. Every parameter must be in the files with the same shape. `dstrain eval` and\n"
     "`generate` read the checkpoint; `dstrain train --ckpt.load_weights CKPT.h5` fine-tunes from it.\n";
 
 const char* kExportHfUsage =
@@ -80,16 +81,23 @@ int import_hf_command(const std::vector<std::string>& args) {
                                       kImportHfUsage);
   const std::string source = parsed.overrides[0];
   const std::vector<std::string> overrides(parsed.overrides.begin() + 1, parsed.overrides.end());
-  for (const char* required : {"config", "output"})
-    if (!parsed.own.count(required))
-      throw Error(ExitCode::kUsage, std::string("ckpt import-hf: give --") + required + "\n" + kImportHfUsage);
+  if (!parsed.own.count("output"))
+    throw Error(ExitCode::kUsage, std::string("ckpt import-hf: give --output\n") + kImportHfUsage);
   const std::string output = parsed.own.at("output");
   if (files::is_directory(output))
     throw config_error("--output", output, "a directory; give the checkpoint file to write, such as " + output +
                                                "/imported.h5");
   const OptionTable table = train_option_table();
-  std::vector<std::string> config_args = {"--config", parsed.own.at("config")};
-  config_args.insert(config_args.end(), overrides.begin(), overrides.end());
+  std::vector<std::string> config_args;
+  if (parsed.own.count("config")) {
+    config_args = {"--config", parsed.own.at("config")};
+    config_args.insert(config_args.end(), overrides.begin(), overrides.end());
+  } else {
+    config_args = model_arguments_from_config_json(source, overrides);
+    std::string taken;
+    for (const std::string& arg : config_args) taken += " " + arg;
+    log::info("the model of ", source, "'s config.json:", taken);
+  }
   const ParsedCommandLine config = parse_command_line(table, config_args);
 
   const HfImportResult result = import_hf(source, config.options, output);

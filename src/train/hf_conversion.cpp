@@ -39,15 +39,24 @@ Error import_error(const std::vector<std::string>& problems) {
 // The config.json beside Hugging Face weights (in their directory, or beside their one file), when
 // there is one, must describe the computation of the configuration's model: weights read into
 // another (without the YaRN scaling they were extended with, say) would give other logits.
-void check_config_json(const std::string& source, const ModelConfig& model) {
+std::string config_json_path(const std::string& source) {
   const std::string dir = files::is_directory(source) ? source : files::parent(source);
-  const std::string path = (dir.empty() ? "." : dir) + "/config.json";
-  if (!files::is_regular_file(path)) return;
+  return (dir.empty() ? "." : dir) + "/config.json";
+}
+
+nlohmann::json read_config_json(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) throw Error(kCode, path + ": not a JSON object");
+  return config;
+}
+
+void check_config_json(const std::string& source, const ModelConfig& model) {
+  const std::string path = config_json_path(source);
+  if (!files::is_regular_file(path)) return;
+  const nlohmann::json config = read_config_json(path);
   const HfConfigDifferences differences = hf_config_differences(model, config);
   if (differences.lines.empty()) return;
   std::string message = path + " describes another model than the configuration's:";
@@ -196,6 +205,43 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
     throw;
   }
   return result;
+}
+
+std::vector<std::string> model_arguments_from_config_json(const std::string& source,
+                                                          const std::vector<std::string>& overrides) {
+  const std::string path = config_json_path(source);
+  if (!files::is_regular_file(path))
+    throw Error(ExitCode::kUsage, "ckpt import-hf: no config.json beside " + source +
+                                      " to take the model from; give --config FILE.ini");
+  const nlohmann::json config = read_config_json(path);
+  std::vector<std::string> derived;
+  // What the comparison leaves aside (it changes no logits) but an import should keep.
+  for (const auto& [key, option] : {std::pair<const char*, const char*>{"num_nextn_predict_layers",
+                                                                        "--model.num_nextn_predict_layers"},
+                                    {"max_position_embeddings", "--model.max_seq_len"}})
+    if (config.contains(key) && config[key].is_number_integer())
+      derived.insert(derived.end(), {option, std::to_string(config[key].get<int64_t>())});
+  // The comparison names the option of each setting that differs: applied, they leave none (a
+  // second round settles settings whose comparison depends on others, such as MLA's head sizes).
+  const OptionTable table = train_option_table();
+  // The default training sequence, where it fits in the model's positions (an import records one).
+  const int64_t seq_len = parse_command_line(table, {}).options.get_int("train.seq_len", 1);
+  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer() &&
+      config["max_position_embeddings"].get<int64_t>() < seq_len)
+    derived.insert(derived.end(), {"--train.seq_len", std::to_string(config["max_position_embeddings"].get<int64_t>())});
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::string> args = derived;
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    const HfConfigDifferences differences =
+        hf_config_differences(read_model_config(parse_command_line(table, args).options), config);
+    if (differences.overrides.empty()) break;
+    for (const std::string& option : differences.overrides) {  // "--model.key value"
+      const size_t space = option.find(' ');
+      derived.insert(derived.end(), {option.substr(0, space), option.substr(space + 1)});
+    }
+  }
+  derived.insert(derived.end(), overrides.begin(), overrides.end());
+  return derived;
 }
 
 HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, std::optional<torch::ScalarType> dtype,

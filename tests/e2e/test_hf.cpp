@@ -144,6 +144,12 @@ TEST(HfImportExport, ExportImportRoundTripIsBitwiseAndUsable) {
                                        dir + "/imported.h5"});
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
   expect_same_model(ckpt, dir + "/imported.h5");
+  // Without --config the model comes from config.json: MLA, the router, YaRN and the MTP module.
+  RunOutput from_json = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf1", "--output", dir + "/from-json.h5"});
+  ASSERT_EQ(from_json.exit_code, 0) << from_json.output;
+  EXPECT_TRUE(contains(from_json.output, "the model of " + dir + "/hf1's config.json: --model.num_nextn_predict_layers 1"))
+      << from_json.output;
+  expect_same_model(ckpt, dir + "/from-json.h5");
   {
     const CheckpointReader reader(dir + "/imported.h5");
     EXPECT_EQ(reader.state().step, 0);
@@ -232,6 +238,13 @@ TEST(HfImportExport, DenseBf16RoundTripGeneratesTheSameText) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(file_bytes(dir + "/hf1/model.safetensors"), file_bytes(dir + "/hf2/model.safetensors"));
   EXPECT_EQ(greedy_text(dir + "/imported.h5"), greedy_text(ckpt));
+  // Without --config, from config.json (grouped-query attention, Llama's RoPE layout); the
+  // precision is the command line's.
+  RunOutput from_json = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf1/model.safetensors", "--train.precision", "bf16",
+                                        "--output", dir + "/from-json.h5"});
+  ASSERT_EQ(from_json.exit_code, 0) << from_json.output;
+  expect_same_model(ckpt, dir + "/from-json.h5");
+  EXPECT_EQ(greedy_text(dir + "/from-json.h5"), greedy_text(ckpt));
 
   // In fp32 the export carries the fp32 master weights, not their bf16 rounding.
   RunOutput fp32 = run_dstrain(0, {"ckpt", "export-hf", ckpt, "--output", dir + "/hf-fp32", "--dtype", "fp32"});
@@ -386,7 +399,8 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
 
   RunOutput no_config = run_dstrain(0, {"ckpt", "import-hf", dir + "/good.safetensors", "--output", dir + "/x.h5"});
   EXPECT_EQ(no_config.exit_code, 2) << no_config.output;
-  EXPECT_TRUE(contains(no_config.output, "--config")) << no_config.output;
+  EXPECT_TRUE(contains(no_config.output, "no config.json beside " + dir + "/good.safetensors to take the model from; "
+                                         "give --config FILE.ini")) << no_config.output;
   RunOutput bad_dtype = run_dstrain(0, {"ckpt", "export-hf", existing, "--output", dir + "/out", "--dtype", "fp8"});
   EXPECT_EQ(bad_dtype.exit_code, 2) << bad_dtype.output;
   EXPECT_TRUE(contains(bad_dtype.output, "--dtype = fp8")) << bad_dtype.output;

@@ -47,6 +47,13 @@ struct HfImportResult {
 // parameter (another model); Error(kUsage) for a bad configuration.
 HfImportResult import_hf(const std::string& source, Options options, const std::string& output);
 
+// An import without a dstrain configuration: the `--model.*` arguments that turn the default model
+// into the one the config.json beside `source` describes (every setting config.json and dstrain
+// share that changes the logits, the multi-token prediction depth, max_position_embeddings),
+// followed by `overrides`, which win. Throws Error(kUsage) when there is no config.json.
+std::vector<std::string> model_arguments_from_config_json(const std::string& source,
+                                                          const std::vector<std::string>& overrides);
+
 struct HfExportResult {
   std::vector<std::string> files;  // written into the directory, config.json last
   int64_t tensors = 0, bytes = 0;
