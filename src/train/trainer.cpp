@@ -169,7 +169,7 @@ class Trainer {
   // model alone in one file, like an import: eval, generate, export-hf and ckpt.load_weights take
   // it; continuing the run takes the optimizer state of its checkpoints.
   void write_final_model(int64_t step, const NamedTensors& model) const;
-  // Every rank learns at this step boundary whether any was asked to stop (SIGTERM, SIGUSR1).
+  // Every rank learns at this step boundary whether any was asked to stop (SIGTERM, SIGUSR1, SIGINT).
   bool stop_requested_anywhere();
   // debug.fail_*: the fault a test asked for, at the start of `step`.
   void inject_fault(int64_t step);

@@ -55,6 +55,18 @@ RunOutput generate(const std::string& ckpt, std::vector<std::string> extra) {
   return run_dstrain(0, args);
 }
 
+// Byte-level BPE: the 256 bytes, two merges and an end-of-document token (258 < tiny's 264).
+nlohmann::json small_bpe_tokenizer() {
+  nlohmann::json vocab = nlohmann::json::object();
+  const auto& chars = dstrain::byte_level::byte_to_chars();
+  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
+  vocab["th"] = 256;
+  vocab["the"] = 257;
+  return {{"added_tokens", {{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}}},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "th e"}}}}};
+}
+
 // Standard output's text: the prompt and its continuation (the summary goes to standard error,
 // which run_dstrain mixes in after it).
 std::string generated_text(const RunOutput& run) { return run.output.substr(0, run.output.find("\ngenerated ")); }
@@ -113,16 +125,7 @@ TEST(Generate, SamplingIsSeededAndBadOptionsAreClearErrors) {
 // name and hash) and refuses another, and eval refuses a corpus of another tokenizer.
 TEST(Generate, TheTokenizerMustBeTheOneTheModelWasTrainedOn) {
   const std::string dir = scratch_dir("generate-bpe");
-  // Byte-level BPE: the 256 bytes, two merges and an end-of-document token (259 < tiny's 264).
-  nlohmann::json vocab = nlohmann::json::object();
-  const auto& chars = dstrain::byte_level::byte_to_chars();
-  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
-  vocab["th"] = 256;
-  vocab["the"] = 257;
-  const nlohmann::json tokenizer = {
-      {"added_tokens", {{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}}},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "th e"}}}}};
+  const nlohmann::json tokenizer = small_bpe_tokenizer();
   std::ofstream(dir + "/tok.json") << tokenizer.dump();
   std::ofstream text(dir + "/fox.txt");
   for (int i = 0; i < 100; ++i) text << kText;
@@ -163,19 +166,11 @@ TEST(Generate, TheTokenizerMustBeTheOneTheModelWasTrainedOn) {
 // sentence from an empty prompt, and stops at the end-of-document token.
 TEST(Generate, PromptsStartWithTheTokenizersBeginningToken) {
   const std::string dir = scratch_dir("generate-bos");
-  nlohmann::json vocab = nlohmann::json::object();
-  const auto& chars = dstrain::byte_level::byte_to_chars();
-  for (int b = 0; b < 256; ++b) vocab[chars[b]] = b;
-  vocab["th"] = 256;
-  vocab["the"] = 257;
-  const nlohmann::json tokenizer = {
-      {"added_tokens",
-       {{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}}, {{"id", 259}, {"content", "<s>"}, {"special", true}}}},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"post_processor",
-       {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h", "th e"}}}}};
+  nlohmann::json tokenizer = small_bpe_tokenizer();
+  tokenizer["added_tokens"].push_back({{"id", 259}, {"content", "<s>"}, {"special", true}});
+  tokenizer["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
   std::ofstream(dir + "/tok.json") << tokenizer.dump();
   std::ofstream documents(dir + "/fox.jsonl");
   for (int i = 0; i < 200; ++i) documents << nlohmann::json{{"text", kText}}.dump() << "\n";
