@@ -50,8 +50,7 @@ int eval_command(int argc, char** argv, const std::vector<std::string>& args) {
   const int64_t batches = static_cast<int64_t>(number_option(parsed, "batches", 0, 0, 1e15, true));
   if (const auto json = parsed.own.find("json"); json != parsed.own.end()) {  // before the evaluation, not after
     std::string why;
-    const std::string dir = files::parent(json->second);
-    if (files::is_directory(json->second) || (!dir.empty() && !files::make_directories(dir, &why)))
+    if (files::is_directory(json->second) || !files::make_parent_directories(json->second, &why))
       throw config_error("--json", json->second, why.empty() ? "a directory" : "cannot create its directory (" + why + ")");
   }
 

@@ -63,6 +63,11 @@ bool make_directories(const std::string& path, std::string* error, std::vector<s
   return true;
 }
 
+bool make_parent_directories(const std::string& path, std::string* error, std::vector<std::string>* made) {
+  const std::string dir = parent(path);
+  return dir.empty() || make_directories(dir, error, made);
+}
+
 void remove_empty_directories(const std::vector<std::string>& made) {
   // rmdir fails on a directory that has anything in it, which is what keeps this safe.
   for (auto dir = made.rbegin(); dir != made.rend(); ++dir) ::rmdir(dir->c_str());

@@ -74,7 +74,7 @@ CorpusInfo import_corpus(const ImportOptions& options) {
     throw config_error("--format", options.format, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
   std::vector<std::string> made;  // the output's directories this import made: removed again if it fails
   std::string why;
-  if (!files::parent(options.output).empty() && !files::make_directories(files::parent(options.output), &why, &made))
+  if (!files::make_parent_directories(options.output, &why, &made))
     throw config_error("--output", options.output, "cannot create its directory (" + why + ")");
   try {
     return options.format == "llmc" ? llmc::import_shards(options) : megatron::import_datasets(options);

@@ -310,8 +310,7 @@ void make_output_directories(const PrepOptions& options, const std::string& vali
     outputs.emplace_back(options.valid_output.empty() ? "--output" : "--valid-output", valid_path);
   for (const auto& [option, path] : outputs) {
     std::string why;
-    const std::string dir = files::parent(path);
-    if (!dir.empty() && !files::make_directories(dir, &why, made))
+    if (!files::make_parent_directories(path, &why, made))
       throw config_error(option, path, "cannot create its directory (" + why + ")");
   }
 }

@@ -187,7 +187,7 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
   for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
   std::string why;
   std::vector<std::string> made_directories;  // removed again, if empty, when the import fails
-  if (!files::parent(output).empty() && !files::make_directories(files::parent(output), &why, &made_directories))
+  if (!files::make_parent_directories(output, &why, &made_directories))
     throw config_error("--output", output, "cannot create its directory (" + why + ")");
   try {
     write_checkpoint_file(

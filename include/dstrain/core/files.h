@@ -20,6 +20,8 @@ std::vector<std::string> directory_entries(const std::string& dir);
 // Creates `path` and its missing parents; on failure returns false with the reason in `error`.
 // `made`, when given, gets the directories this call created appended, outermost first.
 bool make_directories(const std::string& path, std::string* error, std::vector<std::string>* made = nullptr);
+// make_directories for the directory that file `path` goes in (nothing to do when it names none).
+bool make_parent_directories(const std::string& path, std::string* error, std::vector<std::string>* made = nullptr);
 // Removes those of `made` (as make_directories lists them) that are empty, innermost first: what
 // a command that failed had created and not used, so that it leaves nothing behind.
 void remove_empty_directories(const std::vector<std::string>& made);
