@@ -1,49 +1,137 @@
 #include "dstrain/dist/rank_grid.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "dstrain/core/error.h"
 
 namespace dstrain {
+namespace {
+
+// "ep-dp-pp" as {"ep", "dp", "pp"}; an empty text as {""}, so that it fails the name check.
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  for (size_t dash; (dash = text.find('-', start)) != std::string::npos; start = dash + 1)
+    names.push_back(text.substr(start, dash - start));
+  names.push_back(text.substr(start));
+  return names;
+}
+
+bool is_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+}
+
+// The names of `text`, or the reason they are not a list of distinct names.
+std::vector<std::string> distinct_names(const std::string& text, std::string* problem) {
+  std::vector<std::string> names = split_names(text);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!is_name(names[i])) {
+      *problem = "expected dimension names of lower-case letters joined by '-', innermost first, e.g. dp-pp";
+    } else if (std::find(names.begin(), names.begin() + i, names[i]) != names.begin() + i) {
+      *problem = "names " + names[i] + " twice";
+    }
+    if (!problem->empty()) return {};
+  }
+  return names;
+}
+
+// The two-dimensional grid takes the orders it always took; a third dimension comes with its size.
+const std::string& dp_pp_order(const std::string& order) {
+  if (order != "dp-pp" && order != "pp-dp")
+    throw config_error("parallel.order", order, "expected dp-pp (DP innermost) or pp-dp");
+  return order;
+}
+
+// "dp × pp = 2 × 3 = 6 must equal the number of ranks (4)", the dimensions by name. It names
+// parallel.dp when the grid has dp, the size most often derived from the others (parallel.dp = 0),
+// else the last dimension by name.
+void check_product(int world, const std::map<std::string, int>& sizes) {
+  std::string names, values;
+  int64_t product = 1;
+  for (const auto& [name, size] : sizes) {
+    names += (names.empty() ? "" : " × ") + name;
+    values += (values.empty() ? "" : " × ") + std::to_string(size);
+    product = std::min<int64_t>(product * size, int64_t{INT32_MAX} + 1);  // no overflow, still ≠ world
+  }
+  if (product == world) return;
+  const std::string key = sizes.count("dp") ? "dp" : sizes.rbegin()->first;
+  throw config_error("parallel." + key, std::to_string(sizes.at(key)),
+                     names + " = " + values + " = " + std::to_string(product) + " must equal the number of ranks (" +
+                         std::to_string(world) + ")");
+}
+
+}  // namespace
 
 RankGrid::RankGrid(int world, int dp, int pp, const std::string& order)
-    : dp_(dp), pp_(pp), order_(order) {
-  if (order == "dp-pp") {
-    dp_innermost_ = true;
-  } else if (order == "pp-dp") {
-    dp_innermost_ = false;
-  } else {
-    throw config_error("parallel.order", order, "expected dp-pp (DP innermost) or pp-dp");
+    : RankGrid(world, dp_pp_order(order), {{"dp", dp}, {"pp", pp}}) {}
+
+RankGrid::RankGrid(int world, const std::string& order, const std::map<std::string, int>& sizes)
+    : world_(world), order_(order) {
+  std::string problem;
+  dimensions_ = distinct_names(order, &problem);
+  if (!problem.empty()) throw config_error("parallel.order", order, problem);
+  for (const auto& [name, size] : sizes) {
+    if (size < 1) throw config_error("parallel." + name, std::to_string(size), "expected at least 1");
+    if (size > 1 && std::find(dimensions_.begin(), dimensions_.end(), name) == dimensions_.end())
+      throw config_error("parallel.order", order, "lacks " + name + ", which has size " + std::to_string(size));
   }
-  if (dp < 1) throw config_error("parallel.dp", std::to_string(dp), "expected at least 1");
-  if (pp < 1) throw config_error("parallel.pp", std::to_string(pp), "expected at least 1");
-  if (dp * pp != world) {
-    throw config_error("parallel.dp", std::to_string(dp),
-                       "dp × pp = " + std::to_string(dp) + " × " + std::to_string(pp) + " = " +
-                           std::to_string(dp * pp) + " must equal the number of ranks (" +
-                           std::to_string(world) + ")");
+  for (const std::string& name : dimensions_) {
+    const auto given = sizes.find(name);
+    sizes_[name] = given == sizes.end() ? 1 : given->second;
+  }
+  check_product(world, sizes_);
+  int stride = 1;
+  for (const std::string& name : dimensions_) {
+    strides_[name] = stride;
+    stride *= sizes_[name];
   }
 }
 
-GridCoord RankGrid::coord(int rank) const {
-  if (dp_innermost_) return {rank % dp_, rank / dp_};
-  return {rank / pp_, rank % pp_};
+int RankGrid::size(const std::string& dimension) const {
+  const auto found = sizes_.find(dimension);
+  return found == sizes_.end() ? 1 : found->second;
 }
 
-int RankGrid::rank_of(GridCoord c) const {
-  return dp_innermost_ ? c.pp * dp_ + c.dp : c.dp * pp_ + c.pp;
+int RankGrid::stride(const std::string& dimension) const {
+  const auto found = strides_.find(dimension);
+  return found == strides_.end() ? 1 : found->second;  // any stride: the coordinate is always 0
 }
 
-std::vector<int> RankGrid::dp_group(int rank) const {
-  GridCoord me = coord(rank);
-  std::vector<int> members;
-  for (int d = 0; d < dp_; ++d) members.push_back(rank_of({d, me.pp}));
+int RankGrid::coordinate(int rank, const std::string& dimension) const {
+  return rank / stride(dimension) % size(dimension);
+}
+
+GridCoord RankGrid::coord(int rank) const { return {coordinate(rank, "dp"), coordinate(rank, "pp")}; }
+
+int RankGrid::rank_of(GridCoord c) const { return c.dp * stride("dp") + c.pp * stride("pp"); }
+
+std::vector<int> RankGrid::group(int rank, const std::string& dimensions) const {
+  std::string problem;
+  const std::vector<std::string> names = distinct_names(dimensions, &problem);
+  if (!problem.empty()) throw Error(ExitCode::kInternal, "rank grid group \"" + dimensions + "\": " + problem);
+  // Start from the member whose named coordinates are all 0, then let the first-named dimension
+  // vary fastest.
+  int first = rank;
+  for (const std::string& name : names) first -= coordinate(rank, name) * stride(name);
+  std::vector<int> members{first};
+  for (const std::string& name : names) {
+    std::vector<int> wider;
+    for (int c = 0; c < size(name); ++c)
+      for (int member : members) wider.push_back(member + c * stride(name));
+    members = std::move(wider);
+  }
   return members;
 }
 
-std::vector<int> RankGrid::pp_group(int rank) const {
-  GridCoord me = coord(rank);
-  std::vector<int> members;
-  for (int p = 0; p < pp_; ++p) members.push_back(rank_of({me.dp, p}));
-  return members;
+std::vector<std::vector<int>> RankGrid::groups(const std::string& dimensions) const {
+  // A group's lowest rank is the one at coordinate 0 along the named dimensions: its first member.
+  std::vector<std::vector<int>> all;
+  for (int rank = 0; rank < world_; ++rank) {
+    std::vector<int> members = group(rank, dimensions);
+    if (members.front() == rank) all.push_back(std::move(members));
+  }
+  return all;
 }
 
 }  // namespace dstrain
