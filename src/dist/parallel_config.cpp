@@ -11,7 +11,8 @@ void add_parallel_options(OptionTable& t) {
   t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / pp)");
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
   t.add("parallel.order", OptionKind::kString, "dp-pp",
-        "grid order, innermost first: dp-pp keeps DP groups on consecutive ranks");
+        "grid dimensions, innermost (consecutive ranks) first: dp-pp keeps data-parallel groups on consecutive "
+        "ranks, pp-dp pipeline groups; other dimensions, such as ep, join the order as they are added");
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
         "pipeline schedule: gpipe, 1f1b, or interleaved (1F1B over virtual_stages chunks per stage)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",
