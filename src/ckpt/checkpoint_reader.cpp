@@ -10,7 +10,6 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
-#include "dstrain/core/xxhash.h"
 
 namespace dstrain {
 namespace {
@@ -77,37 +76,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
     throw Error(kCode, path + ": checkpoint format version " + std::to_string(version) + "; this dstrain reads 1 to " +
                            std::to_string(kCheckpointFormatVersion));
 
-  const std::string where = path + ": /trainer";
-  h5::Handle g(h5::check_id(H5Gopen2(file, "trainer", H5P_DEFAULT), kCode, where), H5Gclose);
-  CheckpointState& s = state_;
-  s.step = static_cast<int64_t>(h5::read_attribute_u64(g.get(), "step", kCode, where));
-  s.consumed_samples = h5::read_attribute_u64(g.get(), "consumed_samples", kCode, where);
-  s.tokens = h5::read_attribute_u64(g.get(), "tokens", kCode, where);
-  s.optimizer_steps = h5::read_attribute_u64(g.get(), "optimizer_steps", kCode, where);
-  s.loss_scale = h5::read_attribute_f64(g.get(), "loss_scale", kCode, where);
-  s.loss_scale_clean_steps = h5::read_attribute_f64(g.get(), "loss_scale_clean_steps", kCode, where);
-  s.skipped_steps = h5::read_attribute_f64(g.get(), "skipped_steps", kCode, where);
-  s.global_batch = h5::read_attribute_u64(g.get(), "global_batch", kCode, where);
-  s.seq_len = h5::read_attribute_u64(g.get(), "seq_len", kCode, where);
-  s.config = h5::read_attribute_string(g.get(), "config", kCode, where);
-  s.model_shape = h5::read_attribute_string(g.get(), "model_shape", kCode, where);
-  s.corpus_path = h5::read_attribute_string(g.get(), "corpus_path", kCode, where);
-  s.corpus_checksum = h5::read_attribute_string(g.get(), "corpus_checksum", kCode, where);
-  const htri_t tokenizer_kept = H5Aexists(g.get(), "tokenizer");  // not in the earliest version 2 files
-  if (tokenizer_kept < 0) throw Error(kCode, where + ": cannot read its attributes");
-  if (tokenizer_kept > 0) s.tokenizer = h5::read_attribute_string(g.get(), "tokenizer", kCode, where);
-  s.world_size = h5::read_attribute_u64(g.get(), "world_size", kCode, where);
-  s.dp = h5::read_attribute_u64(g.get(), "dp", kCode, where);
-  s.pp = h5::read_attribute_u64(g.get(), "pp", kCode, where);
-  s.virtual_stages = h5::read_attribute_u64(g.get(), "virtual_stages", kCode, where);
-  s.schedule = h5::read_attribute_string(g.get(), "schedule", kCode, where);
-  s.stage_layers = h5::read_attribute_string(g.get(), "stage_layers", kCode, where);
-  const htri_t checksummed = H5Aexists(g.get(), kChecksumAttribute);  // not in the earliest version 2 files
-  if (checksummed < 0) throw Error(kCode, where + ": cannot read its attributes");
-  if (checksummed > 0 &&
-      h5::read_attribute_string(g.get(), kChecksumAttribute, kCode, where) != state_checksum(s))
-    throw Error(kCode, where + ": its attributes (step, samples consumed, configuration, ...) do not match their "
-                               "checksum: the file was changed or damaged");
+  state_ = read_checkpoint_state(file, path);
 
   std::vector<std::string> names;
   h5::check(H5Ovisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), kCode, path + ": listing datasets");
@@ -127,7 +96,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
   }
   const DatasetInfo* rng = find("trainer/rng_cpu");
   if (!rng) throw Error(kCode, path + ": /trainer/rng_cpu is missing");
-  s.rng = read("trainer/rng_cpu");
+  state_.rng = read("trainer/rng_cpu");
 }
 
 CheckpointReader::~CheckpointReader() {

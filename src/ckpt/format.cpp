@@ -47,23 +47,93 @@ torch::ScalarType dtype_of_stored(hid_t type, const std::string& context) {
   throw Error(kCode, context + ": a data type a checkpoint does not use");
 }
 
-std::string state_checksum(const CheckpointState& s) {
-  std::string bytes;
-  auto add_number = [&](auto value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof value); };
-  auto add_text = [&](const std::string& text) {
-    add_number(static_cast<uint64_t>(text.size()));  // lengths keep "ab" + "c" apart from "a" + "bc"
-    bytes += text;
+const std::vector<StateField>& checkpoint_state_fields() {
+  static const std::vector<StateField> fields = {
+      {"step", &CheckpointState::step},
+      {"consumed_samples", &CheckpointState::consumed_samples},
+      {"tokens", &CheckpointState::tokens},
+      {"optimizer_steps", &CheckpointState::optimizer_steps},
+      {"loss_scale", &CheckpointState::loss_scale},
+      {"loss_scale_clean_steps", &CheckpointState::loss_scale_clean_steps},
+      {"skipped_steps", &CheckpointState::skipped_steps},
+      {"global_batch", &CheckpointState::global_batch},
+      {"seq_len", &CheckpointState::seq_len},
+      {"config", &CheckpointState::config},
+      {"model_shape", &CheckpointState::model_shape},
+      {"corpus_path", &CheckpointState::corpus_path},
+      {"corpus_checksum", &CheckpointState::corpus_checksum},
+      {"tokenizer", &CheckpointState::tokenizer, /*optional=*/true},  // not in the earliest version 2 files
+      {"world_size", &CheckpointState::world_size},
+      {"dp", &CheckpointState::dp},
+      {"pp", &CheckpointState::pp},
+      {"virtual_stages", &CheckpointState::virtual_stages},
+      {"schedule", &CheckpointState::schedule},
+      {"stage_layers", &CheckpointState::stage_layers},
   };
-  add_number(s.step);
-  for (uint64_t value : {s.consumed_samples, s.tokens, s.optimizer_steps}) add_number(value);
-  for (double value : {s.loss_scale, s.loss_scale_clean_steps, s.skipped_steps}) add_number(value);
-  for (uint64_t value : {s.global_batch, s.seq_len}) add_number(value);
-  for (const std::string* text : {&s.config, &s.model_shape, &s.corpus_path, &s.corpus_checksum, &s.tokenizer})
-    add_text(*text);
-  for (uint64_t value : {s.world_size, s.dp, s.pp, s.virtual_stages}) add_number(value);
-  add_text(s.schedule);
-  add_text(s.stage_layers);
+  return fields;
+}
+
+namespace {
+
+// What the state's checksum covers of one value: a number's bytes as they lie in memory; a text's
+// length before its bytes, which keeps "ab" + "c" apart from "a" + "bc".
+template <typename Number>
+void append_checksummed(std::string& bytes, Number value) {
+  bytes.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+void append_checksummed(std::string& bytes, const std::string& text) {
+  append_checksummed(bytes, static_cast<uint64_t>(text.size()));
+  bytes += text;
+}
+
+void write_attribute(hid_t group, const char* name, int64_t value) {
+  h5::write_attribute_u64(group, name, static_cast<uint64_t>(value), kCode);  // step: never negative
+}
+void write_attribute(hid_t group, const char* name, uint64_t value) {
+  h5::write_attribute_u64(group, name, value, kCode);
+}
+void write_attribute(hid_t group, const char* name, double value) {
+  h5::write_attribute_f64(group, name, value, kCode);
+}
+void write_attribute(hid_t group, const char* name, const std::string& value) {
+  h5::write_attribute_string(group, name, value, kCode);
+}
+
+void read_attribute(hid_t group, const char* name, const std::string& where, int64_t* value) {
+  *value = static_cast<int64_t>(h5::read_attribute_u64(group, name, kCode, where));
+}
+void read_attribute(hid_t group, const char* name, const std::string& where, uint64_t* value) {
+  *value = h5::read_attribute_u64(group, name, kCode, where);
+}
+void read_attribute(hid_t group, const char* name, const std::string& where, double* value) {
+  *value = h5::read_attribute_f64(group, name, kCode, where);
+}
+void read_attribute(hid_t group, const char* name, const std::string& where, std::string* value) {
+  *value = h5::read_attribute_string(group, name, kCode, where);
+}
+
+// Whether `group` has the attribute `name`; attributes that cannot be listed are an error.
+bool has_attribute(hid_t group, const char* name, const std::string& where) {
+  const htri_t exists = H5Aexists(group, name);
+  if (exists < 0) throw Error(kCode, where + ": cannot read its attributes");
+  return exists > 0;
+}
+
+// The XXH64 of the fields of `s` that a file holds, in the table's order: all of them in a file
+// written now; in an older one, not those added to the format since (it was checksummed without).
+std::string checksum_of(const CheckpointState& s, const std::vector<const StateField*>& held) {
+  std::string bytes;
+  for (const StateField* field : held)
+    std::visit([&](auto member) { append_checksummed(bytes, s.*member); }, field->member);
   return hex64(xxh64(bytes.data(), bytes.size()));
+}
+
+}  // namespace
+
+std::string state_checksum(const CheckpointState& s) {
+  std::vector<const StateField*> all;
+  for (const StateField& field : checkpoint_state_fields()) all.push_back(&field);
+  return checksum_of(s, all);
 }
 
 void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::string& path) {
@@ -71,26 +141,8 @@ void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::str
                                   path + ": creating /trainer"),
                      H5Gclose);
   const hid_t g = trainer.get();
-  h5::write_attribute_u64(g, "step", static_cast<uint64_t>(s.step), kCode);
-  h5::write_attribute_u64(g, "consumed_samples", s.consumed_samples, kCode);
-  h5::write_attribute_u64(g, "tokens", s.tokens, kCode);
-  h5::write_attribute_u64(g, "optimizer_steps", s.optimizer_steps, kCode);
-  h5::write_attribute_f64(g, "loss_scale", s.loss_scale, kCode);
-  h5::write_attribute_f64(g, "loss_scale_clean_steps", s.loss_scale_clean_steps, kCode);
-  h5::write_attribute_f64(g, "skipped_steps", s.skipped_steps, kCode);
-  h5::write_attribute_u64(g, "global_batch", s.global_batch, kCode);
-  h5::write_attribute_u64(g, "seq_len", s.seq_len, kCode);
-  h5::write_attribute_string(g, "config", s.config, kCode);
-  h5::write_attribute_string(g, "model_shape", s.model_shape, kCode);
-  h5::write_attribute_string(g, "corpus_path", s.corpus_path, kCode);
-  h5::write_attribute_string(g, "corpus_checksum", s.corpus_checksum, kCode);
-  h5::write_attribute_string(g, "tokenizer", s.tokenizer, kCode);
-  h5::write_attribute_u64(g, "world_size", s.world_size, kCode);
-  h5::write_attribute_u64(g, "dp", s.dp, kCode);
-  h5::write_attribute_u64(g, "pp", s.pp, kCode);
-  h5::write_attribute_u64(g, "virtual_stages", s.virtual_stages, kCode);
-  h5::write_attribute_string(g, "schedule", s.schedule, kCode);
-  h5::write_attribute_string(g, "stage_layers", s.stage_layers, kCode);
+  for (const StateField& field : checkpoint_state_fields())
+    std::visit([&](auto member) { write_attribute(g, field.name, s.*member); }, field.member);
   h5::write_attribute_string(g, kChecksumAttribute, state_checksum(s), kCode);
   {
     hsize_t dims[2] = {static_cast<hsize_t>(s.rng.size(0)), static_cast<hsize_t>(s.rng.size(1))};
@@ -106,6 +158,25 @@ void write_checkpoint_state(hid_t file, const CheckpointState& s, const std::str
   h5::Handle root(h5::check_id(H5Gopen2(file, "/", H5P_DEFAULT), kCode, path), H5Gclose);
   h5::write_attribute_string(root.get(), "format", kCheckpointFormat, kCode);
   h5::write_attribute_u64(root.get(), "format_version", kCheckpointFormatVersion, kCode);
+}
+
+CheckpointState read_checkpoint_state(hid_t file, const std::string& path) {
+  const std::string where = path + ": /trainer";
+  h5::Handle trainer(h5::check_id(H5Gopen2(file, "trainer", H5P_DEFAULT), kCode, where), H5Gclose);
+  const hid_t g = trainer.get();
+  CheckpointState s;
+  std::vector<const StateField*> held;
+  for (const StateField& field : checkpoint_state_fields()) {
+    if (field.optional && !has_attribute(g, field.name, where)) continue;  // an older file: the default
+    std::visit([&](auto member) { read_attribute(g, field.name, where, &(s.*member)); }, field.member);
+    held.push_back(&field);
+  }
+  // The earliest version 2 files have no checksum of their attributes.
+  if (has_attribute(g, kChecksumAttribute, where) &&
+      h5::read_attribute_string(g, kChecksumAttribute, kCode, where) != checksum_of(s, held))
+    throw Error(kCode, where + ": its attributes (step, samples consumed, configuration, ...) do not match their "
+                               "checksum: the file was changed or damaged");
+  return s;
 }
 
 std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "dstrain/core/h5.h"
@@ -43,19 +44,40 @@ struct CheckpointState {
   torch::Tensor rng;  // uint8 [world_size, bytes]: each rank's CPU generator state
 };
 
+// One attribute of /trainer: its name and the field of CheckpointState it holds. The list of them
+// (checkpoint_state_fields) is the one description of the attributes that the writer, the reader,
+// the state's checksum and `dstrain ckpt inspect` all follow, so that a new field is one more entry.
+using StateMember = std::variant<int64_t CheckpointState::*, uint64_t CheckpointState::*, double CheckpointState::*,
+                                 std::string CheckpointState::*>;
+struct StateField {
+  const char* name;
+  StateMember member;
+  // Absent from older files: read as the field's default, and not in the checksum of a file
+  // without it. Every field added to the format is optional, so that existing checkpoints still
+  // read and verify.
+  bool optional = false;
+};
+// Every attribute, in the order the checksum feeds them: numbers as their bytes, texts as their
+// length (u64) and bytes. Another order or type would fail every existing checkpoint's check.
+// int64 fields are stored as u64. rng is a dataset, not listed.
+const std::vector<StateField>& checkpoint_state_fields();
+
 // The HDF5 type a tensor of `dtype` is stored as, and back.
 h5::Handle stored_type(torch::ScalarType dtype);
 torch::ScalarType dtype_of_stored(hid_t type, const std::string& context);
 
-// The XXH64 (16 hex digits) of every attribute value of /trainer, in a fixed order: /trainer's own
-// xxh64 attribute, which the reader checks (a changed step or sample count would resume the data
-// order elsewhere, silently). The rng_cpu dataset has its own.
+// The XXH64 (16 hex digits) of every attribute value of /trainer, in checkpoint_state_fields'
+// order: /trainer's own xxh64 attribute, which the reader checks (a changed step or sample count
+// would resume the data order elsewhere, silently). The rng_cpu dataset has its own.
 std::string state_checksum(const CheckpointState& state);
 
 // Completes a checkpoint file: the group /trainer with the state's attributes and its dataset
 // rng_cpu (checksummed), and the format attributes of "/", which mark the file a checkpoint.
 // Throws Error(kCheckpoint) naming `path`.
 void write_checkpoint_state(hid_t file, const CheckpointState& state, const std::string& path);
+// The attributes of /trainer, checked against its checksum where the file has one; rng is left
+// to the caller (a dataset, read with the others). Throws Error(kCheckpoint) naming `path`.
+CheckpointState read_checkpoint_state(hid_t file, const std::string& path);
 
 // The checksum record of one piece of a dataset written in pieces, "OFFSET+COUNT:HASH"; pieces
 // records join with commas (join_piece_checksums sorts them by offset).
