@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <variant>
 
 #include "ckpt_hf.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
@@ -14,12 +16,40 @@ namespace dstrain {
 namespace {
 
 const char* kCkptUsage =
-    "usage: dstrain ckpt inspect FILE    step, layout, configuration, every tensor with shape and dtype\n"
+    "usage: dstrain ckpt inspect FILE    every /trainer attribute, every tensor with shape and dtype, configuration\n"
     "       dstrain ckpt verify FILE     read every dataset and check it against its checksum\n"
     "       dstrain ckpt import-hf PATH --config FILE.ini --output CKPT.h5    Hugging Face safetensors into a checkpoint\n"
     "       dstrain ckpt export-hf FILE --output DIR [--dtype D] [--max-shard-size SIZE]    a checkpoint's model as safetensors\n"
     "FILE is a checkpoint, or a checkpoint directory (its latest). dstrain ckpt import-hf --help (export-hf --help)\n"
     "say more.\n";
+
+// A value of /trainer in `ckpt inspect`: a text's further lines (model_shape's) aligned under its
+// first, `indent` columns in.
+std::string value_text(int64_t value, size_t) { return std::to_string(value); }
+std::string value_text(uint64_t value, size_t) { return std::to_string(value); }
+std::string value_text(double value, size_t) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+std::string value_text(const std::string& value, size_t indent) {
+  std::string text = value.substr(0, value.find_last_not_of('\n') + 1);  // model_shape's ends in one
+  for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1))
+    text.insert(at + 1, indent, ' ');
+  return text;
+}
+
+// Every attribute of /trainer as "name = value", so that one added to the format shows too; the
+// configuration (a whole INI file) is left to the end of the output.
+void print_state_fields(const CheckpointState& s) {
+  std::printf("\n  /trainer:\n");
+  for (const StateField& field : checkpoint_state_fields()) {
+    if (std::string(field.name) == "config") continue;
+    const size_t indent = 4 + std::string(field.name).size() + 3;  // "    name = "
+    const std::string value = std::visit([&](auto member) { return value_text(s.*member, indent); }, field.member);
+    std::printf("    %s = %s\n", field.name, value.c_str());
+  }
+}
 
 int inspect(const CheckpointReader& r) {
   const CheckpointState& s = r.state();
@@ -38,6 +68,7 @@ int inspect(const CheckpointReader& r) {
   if (s.loss_scale > 0)
     std::printf("  fp16 loss scale %g (%g clean steps, %g skipped)\n", s.loss_scale, s.loss_scale_clean_steps,
                 s.skipped_steps);
+  print_state_fields(s);
   int64_t total = 0;
   std::printf("\n  %-64s %-10s %-16s %12s\n", "dataset", "dtype", "shape", "bytes");
   for (const CheckpointReader::DatasetInfo& d : r.datasets()) {

@@ -287,7 +287,8 @@ TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
   EXPECT_EQ(latest_of(skipping), "step_00000020.h5");
 }
 
-// Retention: the newest keep_last, plus every keep_every-th for good; h5dump reads the files.
+// Retention: the newest keep_last, plus every keep_every-th for good; h5dump and ckpt inspect read
+// the files.
 TEST(Checkpoint, RetentionAndH5dump) {
   std::string dir = scratch_dir("ckpt-retention");
   ASSERT_EQ(train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10"}).exit_code, 0);
@@ -326,6 +327,20 @@ TEST(Checkpoint, RetentionAndH5dump) {
   for (const char* name : {"dataset    /model/lm_head.weight", "dataset    /optim/model.norm.weight/exp_avg_sq",
                            "dataset    /trainer/rng_cpu"})
     EXPECT_NE(listing.find(name), std::string::npos) << name << " in:\n" << listing;
+
+  // dstrain's own listing: the summary, then every /trainer attribute as "name = value"
+  // (model_shape's further lines aligned under its first), the configuration last.
+  RunOutput inspect = run_dstrain(0, {"ckpt", "inspect", checkpoint(dir, 20)});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  const std::string& out = inspect.output;
+  const std::string model_shape_continued = "\n" + std::string(18, ' ') + "hidden_size = ";
+  for (const std::string& part : std::vector<std::string>{
+           checkpoint(dir, 20) + "\n  step 20, ", "\n  written by 2 ranks: dp 2 x pp 1, ",
+           "\n  /trainer:\n    step = 20\n", "\n    world_size = 2\n    dp = 2\n    pp = 1\n",
+           "\n    model_shape = vocab_size = ", model_shape_continued})
+    EXPECT_NE(out.find(part), std::string::npos) << part << " in:\n" << out;
+  EXPECT_EQ(out.find("    config = "), std::string::npos) << out;
+  EXPECT_LT(out.find("\n  /trainer:\n"), out.find("\nconfiguration:\n")) << out;
 }
 
 // bf16 parameters are saved as bf16 (h5dump reads them as numbers) beside their fp32 master
