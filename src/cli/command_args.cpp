@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/error.h"
-#include "dstrain/train/checkpoint_model.h"
 
 namespace dstrain {
 

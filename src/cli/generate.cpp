@@ -5,13 +5,13 @@
 #include <iostream>
 
 #include "command_args.h"
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/tokenizer.h"
 #include "dstrain/model/generation.h"
-#include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {

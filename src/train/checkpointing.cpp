@@ -4,9 +4,9 @@
 #include <map>
 #include <sstream>
 
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
-#include "dstrain/train/checkpoint_model.h"
 
 namespace dstrain {
 namespace {

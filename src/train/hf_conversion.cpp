@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/hf_config.h"
@@ -15,7 +16,6 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/text.h"
 #include "dstrain/model/parameter_shapes.h"
-#include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/checkpointing.h"
 #include "dstrain/train/train_config.h"
 

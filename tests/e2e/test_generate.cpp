@@ -5,12 +5,12 @@
 
 #include <fstream>
 
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/config.h"
 #include "dstrain/data/byte_level.h"
 #include "dstrain/data/tokenizer.h"
 #include "dstrain/model/transformer.h"
-#include "dstrain/train/checkpoint_model.h"
 #include "dstrain/train/train_config.h"
 #include "e2e_util.h"
 

@@ -1,4 +1,6 @@
-#include "dstrain/train/checkpoint_model.h"
+// Reading a checkpoint's configuration and model parameters (checkpoint_model.h): what eval and
+// generate start from, whatever layout wrote the checkpoint.
+#include "dstrain/ckpt/checkpoint_model.h"
 
 #include <map>
 #include <set>
