@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <sstream>
 
 #include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/core/error.h"
@@ -12,14 +11,6 @@ namespace dstrain {
 namespace {
 
 constexpr ExitCode kCode = ExitCode::kCheckpoint;
-
-std::string value_of(const std::string& text, const std::string& key) {
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line))
-    if (line.rfind(key + " = ", 0) == 0) return line.substr(key.size() + 3);
-  return "?";
-}
 
 }  // namespace
 
@@ -39,14 +30,6 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& 
     }
   }
   return contents;
-}
-
-std::string model_shape_text(const ModelConfig& m) {
-  std::ostringstream out;
-  out << "vocab_size = " << m.vocab_size << "\nhidden_size = " << m.hidden_size
-      << "\nintermediate_size = " << m.intermediate_size << "\nnum_layers = " << m.num_layers
-      << "\nnum_heads = " << m.num_heads << "\nnum_kv_heads = " << m.num_kv_heads << "\n";
-  return out.str();
 }
 
 namespace {
@@ -77,17 +60,8 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
                    [](const CheckpointReader::DatasetInfo& d) { return d.name.compare(0, 6, "optim/") == 0; }))
     throw Error(kCode, path + ": model weights without optimizer state (an import, or a run's final_model.h5): a run "
                        "cannot continue it; start one from its weights with ckpt.load_weights = " + path);
-  if (s.model_shape != expected.model_shape) {
-    std::istringstream lines(expected.model_shape);
-    std::string line;
-    while (std::getline(lines, line)) {
-      const std::string key = line.substr(0, line.find(" = "));
-      if (value_of(s.model_shape, key) != value_of(expected.model_shape, key))
-        throw Error(kCode, path + ": a checkpoint of another model: model." + key + " = " +
-                               value_of(s.model_shape, key) + " there, " + value_of(expected.model_shape, key) +
-                               " here");
-    }
-  }
+  const std::string other_model = model_shape_difference(s.model_shape, expected.model_shape);
+  if (!other_model.empty()) throw Error(kCode, path + ": a checkpoint of another model: " + other_model);
   if (s.corpus_checksum != expected.corpus_fingerprint)
     throw Error(kCode, "data.train = " + expected.corpus_path + ": not the corpus " + path + " trained on (" +
                            s.corpus_path + ", fingerprint " + s.corpus_checksum + "; this one's is " +

@@ -8,6 +8,7 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
+#include "dstrain/ckpt/model_shape.h"
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/optim/adamw.h"
@@ -24,11 +25,9 @@ struct CheckpointContents {
 };
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded);
 
-// The model keys that fix the tensors' shapes, one "key = value" per line.
-std::string model_shape_text(const ModelConfig& model);
-
 struct ResumeExpectations {
-  std::string model_shape, corpus_path, corpus_fingerprint;
+  std::string model_shape;  // model_shape_text of the run's model
+  std::string corpus_path, corpus_fingerprint;
   uint64_t global_batch = 0, seq_len = 0;
   std::string config;  // the run's effective configuration (INI)
 };
