@@ -1,6 +1,7 @@
+// The training loop's side of its checkpoints: AdamW's state handed to ckpt as views, and the
+// checks that decide whether a run may continue from a checkpoint.
 #include "dstrain/train/checkpointing.h"
 
-#include <algorithm>
 #include <map>
 
 #include "dstrain/ckpt/checkpoint_model.h"
@@ -12,27 +13,13 @@ namespace {
 
 constexpr ExitCode kCode = ExitCode::kCheckpoint;
 
-}  // namespace
-
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded) {
-  CheckpointContents contents;
-  for (const auto& [name, param] : params) contents.replicated.emplace_back("model/" + name, param);
-  for (const AdamW::State& s : optimizer.states()) {
-    std::vector<std::pair<std::string, torch::Tensor>> state;
-    if (!s.master.is_same(s.param)) state.emplace_back("optim/" + s.name + "/master", s.master);
-    state.emplace_back("optim/" + s.name + "/exp_avg", s.exp_avg);
-    state.emplace_back("optim/" + s.name + "/exp_avg_sq", s.exp_avg_sq);
-    for (auto& [name, tensor] : state) {
-      if (sharded)
-        contents.owned.push_back({name, tensor.reshape({-1}), s.full_shape, s.offset});
-      else
-        contents.replicated.emplace_back(name, tensor);
-    }
-  }
-  return contents;
+// The optimizer's state as the checkpoint sees it: the same tensors, by name and place.
+std::vector<OptimizerStateView> state_views(const AdamW& optimizer) {
+  std::vector<OptimizerStateView> views;
+  for (const AdamW::State& s : optimizer.states())
+    views.push_back({s.name, s.param, s.master, s.exp_avg, s.exp_avg_sq, s.full_shape, s.offset});
+  return views;
 }
-
-namespace {
 
 // The options that give `global_batch` on this run's layout: the global batch, and a smaller
 // micro-batch where this one does not divide its share of each data-parallel rank.
@@ -52,12 +39,14 @@ std::string global_batch_arguments(uint64_t global_batch, const std::map<std::st
 
 }  // namespace
 
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded) {
+  return checkpoint_contents(params, state_views(optimizer), sharded);
+}
+
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {
   const CheckpointState& s = reader.state();
   const std::string& path = reader.path();
-  const auto& datasets = reader.datasets();
-  if (std::none_of(datasets.begin(), datasets.end(),
-                   [](const CheckpointReader::DatasetInfo& d) { return d.name.compare(0, 6, "optim/") == 0; }))
+  if (!has_optimizer_state(reader))
     throw Error(kCode, path + ": model weights without optimizer state (an import, or a run's final_model.h5): a run "
                        "cannot continue it; start one from its weights with ckpt.load_weights = " + path);
   const std::string other_model = model_shape_difference(s.model_shape, expected.model_shape);
@@ -98,58 +87,13 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 }
 
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, param] : params) {
-    if (param.requires_grad()) continue;  // the optimizer's, below
-    const CheckpointReader::DatasetInfo* info = reader.find("model/" + name);
-    if (!info) throw Error(kCode, reader.path() + ": /model/" + name + " is missing (a checkpoint of another model?)");
-    if (info->shape != param.sizes().vec())
-      throw Error(kCode, reader.path() + ": /model/" + name + " has another shape than this model's");
-    param.copy_(reader.read("model/" + name));
-  }
-  for (AdamW::State& s : optimizer.states()) {
-    // The fp32 master when the checkpoint has one (a bf16/fp16 run), else the parameter itself.
-    const std::string master = "optim/" + s.name + "/master";
-    for (const std::string& name : {"model/" + s.name, "optim/" + s.name + "/exp_avg", "optim/" + s.name + "/exp_avg_sq"}) {
-      const CheckpointReader::DatasetInfo* info = reader.find(name);
-      if (!info) throw Error(kCode, reader.path() + ": /" + name + " is missing (a checkpoint of another model?)");
-      if (info->shape != s.full_shape)
-        throw Error(kCode, reader.path() + ": /" + name + " has another shape than this model's " + s.name);
-    }
-    // This rank's part only (the pieces of the file that hold it, each checked).
-    auto part = [&](const std::string& name) {
-      return reader.read_range(name, s.offset, s.master.numel()).view(s.master.sizes());
-    };
-    s.master.copy_(part(reader.find(master) ? master : "model/" + s.name));
-    s.exp_avg.copy_(part("optim/" + s.name + "/exp_avg"));
-    s.exp_avg_sq.copy_(part("optim/" + s.name + "/exp_avg_sq"));
-  }
+  load_training_tensors(reader, state_views(optimizer), params);
   optimizer.load_masters();
   optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));
 }
 
 void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
-  torch::NoGradGuard no_grad;
-  // The dataset to read `name` from: the fp32 master of a bf16/fp16 run is the more precise.
-  auto source = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    const std::string master = "optim/" + name + "/master", dataset = reader.find(master) ? master : "model/" + name;
-    const CheckpointReader::DatasetInfo* info = reader.find(dataset);
-    if (!info)
-      throw Error(kCode, reader.path() + ": no dataset /model/" + name +
-                             ": the weights of another model (compare `dstrain ckpt inspect`)");
-    if (info->shape != shape) {
-      std::string has, wants;
-      for (int64_t d : info->shape) has += (has.empty() ? "" : ", ") + std::to_string(d);
-      for (int64_t d : shape) wants += (wants.empty() ? "" : ", ") + std::to_string(d);
-      throw Error(kCode, reader.path() + ": /" + dataset + " has shape [" + has + "]; this model's " + name + " has [" +
-                             wants + "]");
-    }
-    return dataset;
-  };
-  for (const auto& [name, param] : params)
-    if (!param.requires_grad()) param.copy_(reader.read(source(name, param.sizes().vec())));
-  for (AdamW::State& s : optimizer.states())  // this rank's part only (ZeRO-1)
-    s.master.copy_(reader.read_range(source(s.name, s.full_shape), s.offset, s.master.numel()).view(s.master.sizes()));
+  load_master_weights(reader, state_views(optimizer), params);
   optimizer.load_masters();
 }
 

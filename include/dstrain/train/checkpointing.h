@@ -1,28 +1,19 @@
-// What a checkpoint holds of a training run, and the way back into one: the datasets of this
-// rank's parameters and optimizer state by global name, and the checks that a checkpoint fits the
-// run that wants to continue from it (the layout may differ; the model, the corpus and the
-// batch may not).
+// A training run's checkpoints as the loop sees them: its AdamW state saved and loaded through
+// ckpt (training_checkpoint.h, which alone knows the datasets' names), and the checks that a
+// checkpoint fits the run that wants to continue from it (the layout may differ; the model, the
+// corpus and the batch may not).
 #pragma once
 
 #include <string>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
-#include "dstrain/ckpt/checkpoint_writer.h"
-#include "dstrain/ckpt/model_shape.h"
-#include "dstrain/ckpt/parameter_file.h"
-#include "dstrain/model/model_config.h"
+#include "dstrain/ckpt/model_shape.h"  // model_shape_text: what ResumeExpectations::model_shape holds
+#include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/optim/adamw.h"
 
 namespace dstrain {
 
-// "model/<name>" (the parameter as the model holds it; `params`), "optim/<name>/master"
-// (bf16/fp16 models), "optim/<name>/exp_avg", "optim/<name>/exp_avg_sq" for every parameter of
-// `optimizer`: whole when the data-parallel ranks hold the same state, as pieces of the whole
-// datasets when `sharded` (ZeRO-1).
-struct CheckpointContents {
-  NamedTensors replicated;
-  std::vector<DatasetPiece> owned;
-};
+// What a save writes of this rank's parameters and `optimizer`'s state (training_checkpoint.h).
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded);
 
 struct ResumeExpectations {
