@@ -1,6 +1,5 @@
 #include "ckpt_hf.h"
 
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -9,12 +8,15 @@
 #include <optional>
 
 #include "command_args.h"
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/format.h"
+#include "dstrain/ckpt/hf_config.h"
+#include "dstrain/ckpt/hf_conversion.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
-#include "dstrain/train/hf_conversion.h"
+#include "dstrain/model/model_config.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -61,6 +63,70 @@ uint64_t parse_size(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
+// An import without a dstrain configuration: the `--model.*` arguments that turn the default model
+// into the one the config.json beside `source` describes (every setting config.json and dstrain
+// share that changes the logits, the multi-token prediction depth, max_position_embeddings),
+// followed by `overrides`, which win. Throws Error(kUsage) when there is no config.json.
+std::vector<std::string> model_arguments_from_config_json(const std::string& source,
+                                                          const std::vector<std::string>& overrides) {
+  const std::string path = hf_config_json_path(source);
+  if (!files::is_regular_file(path))
+    throw Error(ExitCode::kUsage, "ckpt import-hf: no config.json beside " + source +
+                                      " to take the model from; give --config FILE.ini");
+  const nlohmann::json config = read_hf_config_json(path);
+  std::vector<std::string> derived;
+  // What the comparison leaves aside (it changes no logits) but an import should keep.
+  for (const auto& [key, option] : {std::pair<const char*, const char*>{"num_nextn_predict_layers",
+                                                                        "--model.num_nextn_predict_layers"},
+                                    {"max_position_embeddings", "--model.max_seq_len"}})
+    if (config.contains(key) && config[key].is_number_integer())
+      derived.insert(derived.end(), {option, std::to_string(config[key].get<int64_t>())});
+  // The comparison names the option of each setting that differs: applied, they leave none (a
+  // second round settles settings whose comparison depends on others, such as MLA's head sizes).
+  const OptionTable table = train_option_table();
+  // The default training sequence, where it fits in the model's positions (an import records one).
+  const int64_t seq_len = parse_command_line(table, {}).options.get_int("train.seq_len", 1);
+  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer() &&
+      config["max_position_embeddings"].get<int64_t>() < seq_len)
+    derived.insert(derived.end(), {"--train.seq_len", std::to_string(config["max_position_embeddings"].get<int64_t>())});
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::string> args = derived;
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    const HfConfigDifferences differences =
+        hf_config_differences(read_model_config(parse_command_line(table, args).options), config);
+    if (differences.overrides.empty()) break;
+    for (const std::string& option : differences.overrides) {  // "--model.key value"
+      const size_t space = option.find(' ');
+      derived.insert(derived.end(), {option.substr(0, space), option.substr(space + 1)});
+    }
+  }
+  derived.insert(derived.end(), overrides.begin(), overrides.end());
+  return derived;
+}
+
+// What the import takes of the configuration's options.
+HfImportSettings import_settings(const Options& options) {
+  HfImportSettings settings;
+  settings.model = read_model_config(options);
+  settings.dtype = dtype_named(options.get_choice("train.precision", {"fp32", "bf16", "fp16"}));
+  settings.seed = static_cast<uint64_t>(options.get_int("run.seed", 0));
+  settings.seq_len = static_cast<uint64_t>(options.get_int("train.seq_len", 1, settings.model.max_seq_len));
+  settings.global_batch = static_cast<uint64_t>(options.get_int("train.global_batch", 0));
+  settings.config = options.to_ini();
+  settings.schedule = options.raw("parallel.schedule");
+  return settings;
+}
+
+// The model that the checkpoint's configuration describes, read as `dstrain train` reads it.
+ModelConfig checkpoint_model_config(const CheckpointReader& reader) {
+  const OptionTable table = train_option_table();
+  try {
+    return read_model_config(parse_command_line(table, checkpoint_config_arguments(reader.state().config)).options);
+  } catch (const Error& e) {
+    throw Error(ExitCode::kCheckpoint, reader.path() + ": its configuration does not read: " + e.what());
+  }
+}
+
 std::string megabytes(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
@@ -100,7 +166,7 @@ int import_hf_command(const std::vector<std::string>& args) {
   }
   const ParsedCommandLine config = parse_command_line(table, config_args);
 
-  const HfImportResult result = import_hf(source, config.options, output);
+  const HfImportResult result = import_hf(source, import_settings(config.options), output);
   for (const std::string& warning : result.warnings) log::warning(warning);
   std::printf("imported %lld tensors (%s, %s) from %s into %s", static_cast<long long>(result.tensors),
               megabytes(result.bytes).c_str(), dtype_name(result.dtype), source.c_str(), output.c_str());
@@ -139,7 +205,8 @@ int export_hf_command(const std::vector<std::string>& args) {
   const std::string checkpoint = resolve_checkpoint(parsed.overrides[0], "CKPT");
   const std::string dir = parsed.own.at("output");
 
-  const HfExportResult result = export_hf(checkpoint, dir, dtype, max_shard);
+  const CheckpointReader reader(checkpoint);
+  const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, dtype, max_shard);
   for (const std::string& warning : result.warnings) log::warning(warning);
   std::printf("exported %lld tensors (%s, %s) of %s into %s:", static_cast<long long>(result.tensors),
               megabytes(result.bytes).c_str(), dtype_name(result.dtype), checkpoint.c_str(), dir.c_str());

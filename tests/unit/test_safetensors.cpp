@@ -8,12 +8,12 @@
 #include <sstream>
 
 #include "dstrain/ckpt/hf_config.h"
+#include "dstrain/ckpt/hf_conversion.h"
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/ckpt/safetensors.h"
 #include "dstrain/core/files.h"
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/model/transformer.h"
-#include "dstrain/train/hf_conversion.h"
 #include "dstrain/train/train_config.h"
 #include "test_util.h"
 

@@ -1,4 +1,6 @@
-#include "dstrain/train/hf_conversion.h"
+// Hugging Face safetensors into a new checkpoint and a checkpoint's model out as safetensors with
+// its config.json (hf_conversion.h).
+#include "dstrain/ckpt/hf_conversion.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,17 +9,16 @@
 #include <set>
 #include <sstream>
 
-#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/hf_config.h"
 #include "dstrain/ckpt/hf_weights.h"
+#include "dstrain/ckpt/model_shape.h"
+#include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/text.h"
 #include "dstrain/model/parameter_shapes.h"
-#include "dstrain/train/checkpointing.h"
-#include "dstrain/train/train_config.h"
 
 namespace dstrain {
 namespace {
@@ -36,27 +37,13 @@ Error import_error(const std::vector<std::string>& problems) {
   return Error(kCode, message);
 }
 
-// The config.json beside Hugging Face weights (in their directory, or beside their one file), when
-// there is one, must describe the computation of the configuration's model: weights read into
-// another (without the YaRN scaling they were extended with, say) would give other logits.
-std::string config_json_path(const std::string& source) {
-  const std::string dir = files::is_directory(source) ? source : files::parent(source);
-  return (dir.empty() ? "." : dir) + "/config.json";
-}
-
-nlohmann::json read_config_json(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) throw Error(kCode, path + ": not a JSON object");
-  return config;
-}
-
+// The config.json beside Hugging Face weights, when there is one, must describe the computation
+// of the configuration's model: weights read into another (without the YaRN scaling they were
+// extended with, say) would give other logits.
 void check_config_json(const std::string& source, const ModelConfig& model) {
-  const std::string path = config_json_path(source);
+  const std::string path = hf_config_json_path(source);
   if (!files::is_regular_file(path)) return;
-  const nlohmann::json config = read_config_json(path);
+  const nlohmann::json config = read_hf_config_json(path);
   const HfConfigDifferences differences = hf_config_differences(model, config);
   if (differences.lines.empty()) return;
   std::string message = path + " describes another model than the configuration's:";
@@ -69,6 +56,20 @@ void check_config_json(const std::string& source, const ModelConfig& model) {
 }
 
 }  // namespace
+
+std::string hf_config_json_path(const std::string& source) {
+  const std::string dir = files::is_directory(source) ? source : files::parent(source);
+  return (dir.empty() ? "." : dir) + "/config.json";
+}
+
+nlohmann::json read_hf_config_json(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) throw Error(kCode, path + ": not a JSON object");
+  return config;
+}
 
 int64_t hf_layer_index(const std::string& name) {
   if (name.compare(0, kLayers.size(), kLayers) != 0) return -1;
@@ -102,13 +103,10 @@ std::string hf_shared_original(const std::string& name, int64_t num_hidden_layer
   return "";
 }
 
-HfImportResult import_hf(const std::string& source, Options options, const std::string& output) {
-  const ModelConfig model = read_model_config(options);
-  const std::string precision = options.get_choice("train.precision", {"fp32", "bf16", "fp16"});
-  const uint64_t seed = static_cast<uint64_t>(options.get_int("run.seed", 0));
-  const int64_t seq_len = options.get_int("train.seq_len", 1, model.max_seq_len);
+HfImportResult import_hf(const std::string& source, const HfImportSettings& settings, const std::string& output) {
+  const ModelConfig& model = settings.model;
   HfImportResult result;
-  result.dtype = dtype_named(precision);
+  result.dtype = settings.dtype;
 
   const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
   const HfWeights weights(source);
@@ -176,13 +174,13 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
 
   CheckpointState state;
   state.step = 0;
-  state.seq_len = static_cast<uint64_t>(seq_len);
-  state.global_batch = static_cast<uint64_t>(options.get_int("train.global_batch", 0));
-  state.config = options.to_ini();
+  state.seq_len = settings.seq_len;
+  state.global_batch = settings.global_batch;
+  state.config = settings.config;
   state.model_shape = model_shape_text(model);
-  state.schedule = options.raw("parallel.schedule");
+  state.schedule = settings.schedule;
   state.stage_layers = std::to_string(model.num_layers);
-  state.rng = at::make_generator<at::CPUGeneratorImpl>(seed).get_state().reshape({1, -1});
+  state.rng = at::make_generator<at::CPUGeneratorImpl>(settings.seed).get_state().reshape({1, -1});
   std::vector<std::string> datasets;
   for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
   std::string why;
@@ -207,54 +205,9 @@ HfImportResult import_hf(const std::string& source, Options options, const std::
   return result;
 }
 
-std::vector<std::string> model_arguments_from_config_json(const std::string& source,
-                                                          const std::vector<std::string>& overrides) {
-  const std::string path = config_json_path(source);
-  if (!files::is_regular_file(path))
-    throw Error(ExitCode::kUsage, "ckpt import-hf: no config.json beside " + source +
-                                      " to take the model from; give --config FILE.ini");
-  const nlohmann::json config = read_config_json(path);
-  std::vector<std::string> derived;
-  // What the comparison leaves aside (it changes no logits) but an import should keep.
-  for (const auto& [key, option] : {std::pair<const char*, const char*>{"num_nextn_predict_layers",
-                                                                        "--model.num_nextn_predict_layers"},
-                                    {"max_position_embeddings", "--model.max_seq_len"}})
-    if (config.contains(key) && config[key].is_number_integer())
-      derived.insert(derived.end(), {option, std::to_string(config[key].get<int64_t>())});
-  // The comparison names the option of each setting that differs: applied, they leave none (a
-  // second round settles settings whose comparison depends on others, such as MLA's head sizes).
-  const OptionTable table = train_option_table();
-  // The default training sequence, where it fits in the model's positions (an import records one).
-  const int64_t seq_len = parse_command_line(table, {}).options.get_int("train.seq_len", 1);
-  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer() &&
-      config["max_position_embeddings"].get<int64_t>() < seq_len)
-    derived.insert(derived.end(), {"--train.seq_len", std::to_string(config["max_position_embeddings"].get<int64_t>())});
-  for (int round = 0; round < 3; ++round) {
-    std::vector<std::string> args = derived;
-    args.insert(args.end(), overrides.begin(), overrides.end());
-    const HfConfigDifferences differences =
-        hf_config_differences(read_model_config(parse_command_line(table, args).options), config);
-    if (differences.overrides.empty()) break;
-    for (const std::string& option : differences.overrides) {  // "--model.key value"
-      const size_t space = option.find(' ');
-      derived.insert(derived.end(), {option.substr(0, space), option.substr(space + 1)});
-    }
-  }
-  derived.insert(derived.end(), overrides.begin(), overrides.end());
-  return derived;
-}
-
-HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, std::optional<torch::ScalarType> dtype,
-                         uint64_t max_shard_bytes) {
-  const CheckpointReader reader(checkpoint);
-  const OptionTable table = train_option_table();
-  ModelConfig model;
-  try {
-    Options options = parse_command_line(table, checkpoint_config_arguments(reader.state().config)).options;
-    model = read_model_config(options);
-  } catch (const Error& e) {
-    throw Error(kCode, checkpoint + ": its configuration does not read: " + e.what());
-  }
+HfExportResult export_hf(const CheckpointReader& reader, const ModelConfig& model, const std::string& dir,
+                         std::optional<torch::ScalarType> dtype, uint64_t max_shard_bytes) {
+  const std::string& checkpoint = reader.path();
   std::map<std::string, const CheckpointReader::DatasetInfo*> stored;
   for (const CheckpointReader::DatasetInfo& d : reader.datasets())
     if (d.name.compare(0, 6, "model/") == 0) stored[d.name.substr(6)] = &d;
@@ -325,8 +278,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& dir, 
     result.files = write_hf_weights(
         dir, specs,
         [&](const std::string& name) {
-          const std::string& original = original_of.at(name), master = "optim/" + original + "/master";
-          return reader.read(reader.find(master) ? master : "model/" + original).to(dtype_of.at(name));
+          return reader.read(weight_dataset(reader, original_of.at(name))).to(dtype_of.at(name));
         },
         max_shard_bytes);
   } catch (...) {
