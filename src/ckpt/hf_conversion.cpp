@@ -55,6 +55,202 @@ void check_config_json(const std::string& source, const ModelConfig& model) {
   throw Error(ExitCode::kUsage, message);
 }
 
+// How the tensors of Hugging Face files map onto the configuration's model.
+struct ImportPlan {
+  std::vector<std::string> problems;  // each a reason the files do not fit the model
+  std::vector<std::string> skipped;   // tensors of the files left out
+  std::vector<std::pair<std::string, std::string>> copies;  // {shared copy, original}: to compare
+  int64_t unbuilt = 0;  // tensors of multi-token prediction layers the model does not have
+};
+
+using ParameterShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// Every parameter must be in the files, with its shape and a dtype dstrain reads.
+void check_parameters(const HfWeights& weights, const std::string& source, const ParameterShapes& shapes,
+                      ImportPlan& plan) {
+  for (const auto& [name, shape] : shapes) {
+    const SafetensorsEntry* e = weights.find(name);
+    if (!e)
+      plan.problems.push_back(source + ": no tensor " + name + " (shape " + shape_text(shape) +
+                              " in the configuration's model)");
+    else if (e->shape != shape)
+      plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " has shape " + shape_text(e->shape) +
+                              "; the configuration's model expects " + shape_text(shape));
+    else if (!readable_dtype(e->dtype))
+      plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " has dtype " + e->dtype +
+                              "; dstrain reads BF16, F16 and F32 (dequantize the weights first)");
+  }
+}
+
+// The tensors of the files that are no parameter: copies of shared tensors and layers the model
+// does not build are skipped, anything else means the files hold another model.
+void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, const ParameterShapes& shapes,
+                        ImportPlan& plan) {
+  std::set<std::string> parameters;
+  std::set<int64_t> layers;  // the model's, multi-token prediction modules included
+  for (const auto& [name, shape] : shapes) {
+    parameters.insert(name);
+    layers.insert(hf_layer_index(name));
+  }
+  // DeepSeek-V3 files keep their multi-token prediction modules as layers after the decoder's;
+  // tensors of their own tell them from decoder layers that the configuration lacks.
+  auto is_mtp_layer = [&](int64_t layer) {
+    for (const char* own : {"enorm.weight", "hnorm.weight", "eh_proj.weight"})
+      if (weights.find(kLayers + std::to_string(layer) + "." + own)) return true;
+    return false;
+  };
+  for (const std::string& name : weights.names()) {
+    if (parameters.count(name)) continue;
+    const std::string original = hf_shared_original(name, model.num_layers);
+    const int64_t layer = hf_layer_index(name);
+    if (!original.empty() && layers.count(layer)) {
+      plan.copies.emplace_back(name, original);
+    } else if (ends_with(name, "rotary_emb.inv_freq")) {
+      // a buffer older files carry; dstrain computes its rotary tables
+    } else if (layer >= model.num_layers && is_mtp_layer(layer)) {
+      ++plan.unbuilt;
+    } else if (layer >= model.num_layers) {
+      plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " is in decoder layer " +
+                              std::to_string(layer) + ", beyond the configuration's model.num_layers = " +
+                              std::to_string(model.num_layers) + " (a deeper model?)");
+      continue;
+    } else {
+      plan.problems.push_back(weights.file_of(name) + ": tensor " + name +
+                              " is no parameter of the configuration's model (a file of another model, or another "
+                              "configuration?)");
+      continue;
+    }
+    plan.skipped.push_back(name);
+  }
+}
+
+// What an import that fits leaves out, said: copies that differ from what the model shares, and
+// the multi-token prediction layers it does not build.
+std::vector<std::string> import_warnings(const HfWeights& weights, const ImportPlan& plan, int64_t num_layers) {
+  std::vector<std::string> warnings;
+  for (const auto& [copy, original] : plan.copies) {
+    const torch::Tensor a = weights.read(copy), b = weights.read(original);
+    if (!a.sizes().equals(b.sizes()) || !a.to(torch::kFloat32).equal(b.to(torch::kFloat32)))
+      warnings.push_back("tensor " + copy + " differs from " + original +
+                         ", which the multi-token prediction module shares in dstrain: " + original + " is kept");
+  }
+  if (plan.unbuilt > 0)
+    warnings.push_back("skipped " + std::to_string(plan.unbuilt) + " tensor(s) of multi-token prediction layers " +
+                       "(model.layers." + std::to_string(num_layers) +
+                       " on) that the configuration's model does not have");
+  return warnings;
+}
+
+// The /trainer of an imported checkpoint: what a run of the configuration records at step 0 on
+// one rank.
+CheckpointState imported_state(const HfImportSettings& settings) {
+  CheckpointState state;
+  state.step = 0;
+  state.seq_len = settings.seq_len;
+  state.global_batch = settings.global_batch;
+  state.config = settings.config;
+  state.model_shape = model_shape_text(settings.model);
+  state.schedule = settings.schedule;
+  state.stage_layers = std::to_string(settings.model.num_layers);
+  state.rng = at::make_generator<at::CPUGeneratorImpl>(settings.seed).get_state().reshape({1, -1});
+  return state;
+}
+
+// Writes every parameter, converted to result.dtype, into the checkpoint `output`, counting them
+// in `result`. The directories made for it go again when it fails.
+void write_imported(const std::string& output, const HfWeights& weights, const ParameterShapes& shapes,
+                    const CheckpointState& state, HfImportResult& result) {
+  std::vector<std::string> datasets;
+  for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
+  std::string why;
+  std::vector<std::string> made_directories;  // removed again, if empty, when the import fails
+  if (!files::make_parent_directories(output, &why, &made_directories))
+    throw config_error("--output", output, "cannot create its directory (" + why + ")");
+  try {
+    write_checkpoint_file(
+        output, datasets,
+        [&](const std::string& dataset) {
+          const std::string name = dataset.substr(6);
+          torch::Tensor t = weights.read(name).to(parameter_dtype(name, result.dtype));
+          ++result.tensors;
+          result.bytes += static_cast<int64_t>(t.nbytes());
+          return t;
+        },
+        state);
+  } catch (...) {
+    files::remove_empty_directories(made_directories);
+    throw;
+  }
+}
+
+// A checkpoint's /model datasets by parameter name.
+using StoredParameters = std::map<std::string, const CheckpointReader::DatasetInfo*>;
+
+// The checkpoint's parameters, which must be those of `model`: config.json describes those.
+StoredParameters stored_parameters(const CheckpointReader& reader, const ModelConfig& model) {
+  const std::string& checkpoint = reader.path();
+  StoredParameters stored;
+  for (const CheckpointReader::DatasetInfo& d : reader.datasets())
+    if (d.name.compare(0, 6, "model/") == 0) stored[d.name.substr(6)] = &d;
+  const ParameterShapes shapes = parameter_shapes(model);
+  for (const auto& [name, shape] : shapes) {
+    auto it = stored.find(name);
+    if (it == stored.end())
+      throw Error(kCode, checkpoint + ": no dataset /model/" + name + ", which the model of its configuration has");
+    if (it->second->shape != shape)
+      throw Error(kCode, checkpoint + ": /model/" + name + " has shape " + shape_text(it->second->shape) +
+                             "; the model of its configuration has " + shape_text(shape));
+  }
+  if (stored.size() != shapes.size())
+    for (const auto& [name, info] : stored)
+      if (!std::binary_search(shapes.begin(), shapes.end(), std::make_pair(name, info->shape)))
+        throw Error(kCode, checkpoint + ": /model/" + name + " is no parameter of the model of its configuration");
+  return stored;
+}
+
+// The tensors of an export: every parameter in `dtype` (or as stored), then the copies a Hugging
+// Face file keeps of what multi-token prediction modules share; `original_of` maps each tensor
+// to the parameter it is read from.
+std::vector<SafetensorsSpec> export_specs(const std::string& checkpoint, const StoredParameters& stored,
+                                          std::optional<torch::ScalarType> dtype, int64_t num_layers,
+                                          std::map<std::string, std::string>* original_of) {
+  std::vector<SafetensorsSpec> specs;
+  std::vector<std::string> names;
+  for (const auto& [name, info] : stored) {
+    const torch::ScalarType out = dtype ? parameter_dtype(name, *dtype) : info->dtype;
+    if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
+      throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
+                             "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");
+    specs.push_back({name, out, info->shape});
+    (*original_of)[name] = name;
+    names.push_back(name);
+  }
+  for (const auto& [copy, original] : hf_shared_copies(names, num_layers)) {
+    const CheckpointReader::DatasetInfo* info = stored.at(original);
+    specs.push_back({copy, dtype.value_or(info->dtype), info->shape});
+    (*original_of)[copy] = original;
+  }
+  return specs;
+}
+
+// Writes `json` to `tmp` in `dir`, making `dir` where it is missing; returns the directories it
+// made, for a failed export to remove. Throws Error naming what could not be made or written.
+std::vector<std::string> write_config_json(const std::string& dir, const std::string& tmp, const nlohmann::json& json) {
+  std::vector<std::string> made_directories;
+  std::string why;
+  if (!files::make_directories(dir, &why, &made_directories))
+    throw config_error("--output", dir, "cannot create this directory (" + why + ")");
+  std::ofstream out(tmp, std::ios::trunc);
+  out << json.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    std::remove(tmp.c_str());
+    files::remove_empty_directories(made_directories);
+    throw Error(kCode, tmp + ": cannot write");
+  }
+  return made_directories;
+}
+
 }  // namespace
 
 std::string hf_config_json_path(const std::string& source) {
@@ -104,146 +300,27 @@ std::string hf_shared_original(const std::string& name, int64_t num_hidden_layer
 }
 
 HfImportResult import_hf(const std::string& source, const HfImportSettings& settings, const std::string& output) {
-  const ModelConfig& model = settings.model;
+  const ParameterShapes shapes = parameter_shapes(settings.model);
+  const HfWeights weights(source);
+  check_config_json(source, settings.model);
+  ImportPlan plan;
+  check_parameters(weights, source, shapes, plan);
+  sort_other_tensors(weights, settings.model, shapes, plan);
+  if (!plan.problems.empty()) throw import_error(plan.problems);
   HfImportResult result;
   result.dtype = settings.dtype;
-
-  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
-  const HfWeights weights(source);
-  check_config_json(source, model);
-  std::set<std::string> parameters;
-  std::set<int64_t> layers;  // the model's, multi-token prediction modules included
-  std::vector<std::string> problems;
-  for (const auto& [name, shape] : shapes) {
-    parameters.insert(name);
-    layers.insert(hf_layer_index(name));
-    const SafetensorsEntry* e = weights.find(name);
-    if (!e)
-      problems.push_back(source + ": no tensor " + name + " (shape " + shape_text(shape) +
-                         " in the configuration's model)");
-    else if (e->shape != shape)
-      problems.push_back(weights.file_of(name) + ": tensor " + name + " has shape " + shape_text(e->shape) +
-                         "; the configuration's model expects " + shape_text(shape));
-    else if (!readable_dtype(e->dtype))
-      problems.push_back(weights.file_of(name) + ": tensor " + name + " has dtype " + e->dtype +
-                         "; dstrain reads BF16, F16 and F32 (dequantize the weights first)");
-  }
-  std::vector<std::pair<std::string, std::string>> copies;  // to compare with what they copy
-  int64_t unbuilt = 0;
-  // DeepSeek-V3 files keep their multi-token prediction modules as layers after the decoder's;
-  // tensors of their own tell them from decoder layers that the configuration lacks.
-  auto is_mtp_layer = [&](int64_t layer) {
-    for (const char* own : {"enorm.weight", "hnorm.weight", "eh_proj.weight"})
-      if (weights.find(kLayers + std::to_string(layer) + "." + own)) return true;
-    return false;
-  };
-  for (const std::string& name : weights.names()) {
-    if (parameters.count(name)) continue;
-    const std::string original = hf_shared_original(name, model.num_layers);
-    const int64_t layer = hf_layer_index(name);
-    if (!original.empty() && layers.count(layer)) {
-      copies.emplace_back(name, original);
-    } else if (ends_with(name, "rotary_emb.inv_freq")) {
-      // a buffer older files carry; dstrain computes its rotary tables
-    } else if (layer >= model.num_layers && is_mtp_layer(layer)) {
-      ++unbuilt;
-    } else if (layer >= model.num_layers) {
-      problems.push_back(weights.file_of(name) + ": tensor " + name + " is in decoder layer " + std::to_string(layer) +
-                         ", beyond the configuration's model.num_layers = " + std::to_string(model.num_layers) +
-                         " (a deeper model?)");
-      continue;
-    } else {
-      problems.push_back(weights.file_of(name) + ": tensor " + name +
-                         " is no parameter of the configuration's model (a file of another model, or another "
-                         "configuration?)");
-      continue;
-    }
-    result.skipped.push_back(name);
-  }
-  if (!problems.empty()) throw import_error(problems);
-  for (const auto& [copy, original] : copies) {
-    const torch::Tensor a = weights.read(copy), b = weights.read(original);
-    if (!a.sizes().equals(b.sizes()) || !a.to(torch::kFloat32).equal(b.to(torch::kFloat32)))
-      result.warnings.push_back("tensor " + copy + " differs from " + original +
-                                ", which the multi-token prediction module shares in dstrain: " + original + " is kept");
-  }
-  if (unbuilt > 0)
-    result.warnings.push_back("skipped " + std::to_string(unbuilt) + " tensor(s) of multi-token prediction layers " +
-                              "(model.layers." + std::to_string(model.num_layers) +
-                              " on) that the configuration's model does not have");
-
-  CheckpointState state;
-  state.step = 0;
-  state.seq_len = settings.seq_len;
-  state.global_batch = settings.global_batch;
-  state.config = settings.config;
-  state.model_shape = model_shape_text(model);
-  state.schedule = settings.schedule;
-  state.stage_layers = std::to_string(model.num_layers);
-  state.rng = at::make_generator<at::CPUGeneratorImpl>(settings.seed).get_state().reshape({1, -1});
-  std::vector<std::string> datasets;
-  for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
-  std::string why;
-  std::vector<std::string> made_directories;  // removed again, if empty, when the import fails
-  if (!files::make_parent_directories(output, &why, &made_directories))
-    throw config_error("--output", output, "cannot create its directory (" + why + ")");
-  try {
-    write_checkpoint_file(
-        output, datasets,
-        [&](const std::string& dataset) {
-          const std::string name = dataset.substr(6);
-          torch::Tensor t = weights.read(name).to(parameter_dtype(name, result.dtype));
-          ++result.tensors;
-          result.bytes += static_cast<int64_t>(t.nbytes());
-          return t;
-        },
-        state);
-  } catch (...) {
-    files::remove_empty_directories(made_directories);
-    throw;
-  }
+  result.skipped = plan.skipped;
+  result.warnings = import_warnings(weights, plan, settings.model.num_layers);
+  write_imported(output, weights, shapes, imported_state(settings), result);
   return result;
 }
 
 HfExportResult export_hf(const CheckpointReader& reader, const ModelConfig& model, const std::string& dir,
                          std::optional<torch::ScalarType> dtype, uint64_t max_shard_bytes) {
-  const std::string& checkpoint = reader.path();
-  std::map<std::string, const CheckpointReader::DatasetInfo*> stored;
-  for (const CheckpointReader::DatasetInfo& d : reader.datasets())
-    if (d.name.compare(0, 6, "model/") == 0) stored[d.name.substr(6)] = &d;
-  // The datasets must be the model's parameters: config.json describes those.
-  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = parameter_shapes(model);
-  for (const auto& [name, shape] : shapes) {
-    auto it = stored.find(name);
-    if (it == stored.end())
-      throw Error(kCode, checkpoint + ": no dataset /model/" + name + ", which the model of its configuration has");
-    if (it->second->shape != shape)
-      throw Error(kCode, checkpoint + ": /model/" + name + " has shape " + shape_text(it->second->shape) +
-                             "; the model of its configuration has " + shape_text(shape));
-  }
-  if (stored.size() != shapes.size())
-    for (const auto& [name, info] : stored)
-      if (!std::binary_search(shapes.begin(), shapes.end(), std::make_pair(name, info->shape)))
-        throw Error(kCode, checkpoint + ": /model/" + name + " is no parameter of the model of its configuration");
-
+  const StoredParameters stored = stored_parameters(reader, model);
+  std::map<std::string, std::string> original_of;  // tensor written → parameter read
+  const std::vector<SafetensorsSpec> specs = export_specs(reader.path(), stored, dtype, model.num_layers, &original_of);
   HfExportResult result;
-  std::vector<SafetensorsSpec> specs;
-  std::map<std::string, std::string> original_of;  // tensor written → dataset read
-  std::vector<std::string> names;
-  for (const auto& [name, info] : stored) {
-    const torch::ScalarType out = dtype ? parameter_dtype(name, *dtype) : info->dtype;
-    if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
-      throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
-                             "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");
-    specs.push_back({name, out, info->shape});
-    original_of[name] = name;
-    names.push_back(name);
-  }
-  for (const auto& [copy, original] : hf_shared_copies(names, model.num_layers)) {
-    const CheckpointReader::DatasetInfo* info = stored.at(original);
-    specs.push_back({copy, dtype.value_or(info->dtype), info->shape});
-    original_of[copy] = original;
-  }
   std::map<std::string, torch::ScalarType> dtype_of;
   for (const SafetensorsSpec& s : specs) {
     dtype_of[s.name] = s.dtype;
@@ -258,20 +335,7 @@ HfExportResult export_hf(const CheckpointReader& reader, const ModelConfig& mode
   // replaced: a directory whose export failed midway has no config.json, never old and new mixed.
   // A failed export into a directory it made leaves no directory behind.
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
-  std::vector<std::string> made_directories;
-  {
-    std::string why;
-    if (!files::make_directories(dir, &why, &made_directories))
-      throw config_error("--output", dir, "cannot create this directory (" + why + ")");
-    std::ofstream out(tmp, std::ios::trunc);
-    out << config.json.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      files::remove_empty_directories(made_directories);
-      throw Error(kCode, tmp + ": cannot write");
-    }
-  }
+  const std::vector<std::string> made_directories = write_config_json(dir, tmp, config.json);
   std::remove(path.c_str());
   try {
     // A bf16/fp16 run's fp32 master is the weight itself; its parameter is that rounded.
