@@ -1,9 +1,71 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/format.h"
+#include "dstrain/core/h5.h"
+#include "test_util.h"
 
 using namespace dstrain;
+
+namespace {
+
+// Every field of the checkpoint state away from its default.
+CheckpointState sample_state() {
+  CheckpointState s;
+  s.step = 12;
+  s.consumed_samples = 96;
+  s.tokens = 6144;
+  s.optimizer_steps = 11;
+  s.loss_scale = 32768;
+  s.loss_scale_clean_steps = 3;
+  s.skipped_steps = 1;
+  s.global_batch = 8;
+  s.seq_len = 64;
+  s.config = "[model]\npreset = tiny\n";
+  s.model_shape = "vocab_size = 256\nhidden_size = 32\n";
+  s.corpus_path = "data/train.h5";
+  s.corpus_checksum = "0123456789abcdef";
+  s.tokenizer = "byte";
+  s.world_size = 4;
+  s.dp = 2;
+  s.pp = 2;
+  s.virtual_stages = 1;
+  s.schedule = "1f1b";
+  s.stage_layers = "1,1";
+  s.rng = torch::arange(8, torch::kUInt8).reshape({4, 2});
+  return s;
+}
+
+// sample_state()'s checksum, worked out apart from dstrain (XXH64 of the values' bytes, texts
+// after their u64 length, in the order files have always been checksummed in).
+const char* kSampleChecksum = "2258a385ff8333a5";
+const char* kSampleChecksumWithoutTokenizer = "7a863501d44a1103";
+
+h5::Handle open_file(const std::string& path, unsigned flags) {
+  return h5::Handle(h5::check_id(H5Fopen(path.c_str(), flags, H5P_DEFAULT), ExitCode::kInternal, path), H5Fclose);
+}
+
+CheckpointState read_state(const std::string& path) {
+  const h5::Handle file = open_file(path, H5F_ACC_RDONLY);
+  return read_checkpoint_state(file.get(), path);
+}
+
+// Edits the /trainer of the checkpoint file `path` as an older dstrain would have written it.
+void edit_trainer(const std::string& path, const std::vector<std::string>& removed, const std::string& checksum) {
+  const h5::Handle file = open_file(path, H5F_ACC_RDWR);
+  h5::Handle trainer(h5::check_id(H5Gopen2(file.get(), "trainer", H5P_DEFAULT), ExitCode::kInternal, path), H5Gclose);
+  for (const std::string& name : removed)
+    h5::check(H5Adelete(trainer.get(), name.c_str()), ExitCode::kInternal, name);
+  if (!checksum.empty()) {
+    h5::check(H5Adelete(trainer.get(), kChecksumAttribute), ExitCode::kInternal, kChecksumAttribute);
+    h5::write_attribute_string(trainer.get(), kChecksumAttribute, checksum, ExitCode::kInternal);
+  }
+}
+
+}  // namespace
 
 TEST(CheckpointFormat, FileNamesCarryTheStep) {
   EXPECT_EQ(checkpoint_file_name(120), "step_00000120.h5");
@@ -27,4 +89,51 @@ TEST(CheckpointFormat, RetentionKeepsTheNewestAndTheMilestones) {
   // not counted, and 15 (which `latest` now names) is kept even by keep_last = 1.
   EXPECT_EQ(checkpoints_to_remove(present, {1, 0}, 15),
             (std::vector<std::string>{"step_00000010.h5", "step_00000005.h5"}));
+}
+
+// The attributes keep their names, and the checksum the bytes and order of the files written so
+// far: any other would fail the check of every existing checkpoint.
+TEST(CheckpointFormat, StateKeepsTheAttributesAndChecksumOfExistingFiles) {
+  std::vector<std::string> names;
+  for (const StateField& field : checkpoint_state_fields()) names.push_back(field.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"step", "consumed_samples", "tokens", "optimizer_steps", "loss_scale",
+                                             "loss_scale_clean_steps", "skipped_steps", "global_batch", "seq_len",
+                                             "config", "model_shape", "corpus_path", "corpus_checksum", "tokenizer",
+                                             "world_size", "dp", "pp", "virtual_stages", "schedule",
+                                             "stage_layers"}));
+  EXPECT_EQ(state_checksum(sample_state()), kSampleChecksum);
+}
+
+// What the writer stores the reader reads back and verifies. A file without an optional attribute
+// reads it as its default, verified against the checksum of the others where it has one; a
+// changed value fails the check.
+TEST(CheckpointFormat, StateReadsBackAndOlderFilesWithoutOptionalAttributes) {
+  h5::quiet_errors();
+  test::TempDir dir;
+  const std::string path = dir.path("state.h5");
+  {
+    h5::Handle file(h5::check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                                 ExitCode::kInternal, path),
+                    H5Fclose);
+    write_checkpoint_state(file.get(), sample_state(), path);
+  }
+  CheckpointState read = read_state(path);
+  EXPECT_EQ(state_checksum(read), kSampleChecksum);
+  EXPECT_EQ(read.step, 12);
+  EXPECT_EQ(read.loss_scale, 32768);
+  EXPECT_EQ(read.tokenizer, "byte");
+  EXPECT_EQ(read.stage_layers, "1,1");
+  EXPECT_FALSE(read.rng.defined());  // a dataset, read by CheckpointReader with the others
+
+  edit_trainer(path, {"tokenizer"}, kSampleChecksumWithoutTokenizer);
+  read = read_state(path);
+  EXPECT_EQ(read.tokenizer, "");
+  EXPECT_EQ(read.corpus_checksum, "0123456789abcdef");
+
+  edit_trainer(path, {}, kSampleChecksum);  // the checksum of other values
+  test::expect_error([&] { read_state(path); }, ExitCode::kCheckpoint,
+                     {path + ": /trainer: its attributes", "do not match their checksum"});
+
+  edit_trainer(path, {kChecksumAttribute}, "");  // the earliest files: no checksum of /trainer
+  EXPECT_EQ(read_state(path).tokenizer, "");
 }
