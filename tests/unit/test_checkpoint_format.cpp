@@ -5,6 +5,7 @@
 
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/format.h"
+#include "dstrain/ckpt/model_shape.h"
 #include "dstrain/core/h5.h"
 #include "test_util.h"
 
@@ -136,4 +137,19 @@ TEST(CheckpointFormat, StateReadsBackAndOlderFilesWithoutOptionalAttributes) {
 
   edit_trainer(path, {kChecksumAttribute}, "");  // the earliest files: no checksum of /trainer
   EXPECT_EQ(read_state(path).tokenizer, "");
+}
+
+// A checkpoint of another model is refused naming the first key that differs, its value there
+// (in the checkpoint) and here.
+TEST(CheckpointFormat, ModelShapesCompareKeyByKey) {
+  ModelConfig model;
+  model.vocab_size = 256;
+  model.hidden_size = 32;
+  model.num_layers = 2;
+  const std::string here = model_shape_text(model);
+  EXPECT_EQ(here.rfind("vocab_size = 256\nhidden_size = 32\n", 0), 0u) << here;
+  EXPECT_EQ(model_shape_difference(here, here), "");
+  model.hidden_size = 64;
+  EXPECT_EQ(model_shape_difference(here, model_shape_text(model)), "model.hidden_size = 32 there, 64 here");
+  EXPECT_EQ(model_shape_difference("vocab_size = 256\n", here), "model.hidden_size = ? there, 32 here");
 }
