@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
-#include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/hf_config.h"
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/ckpt/model_shape.h"
@@ -160,17 +159,16 @@ CheckpointState imported_state(const HfImportSettings& settings) {
 // in `result`. The directories made for it go again when it fails.
 void write_imported(const std::string& output, const HfWeights& weights, const ParameterShapes& shapes,
                     const CheckpointState& state, HfImportResult& result) {
-  std::vector<std::string> datasets;
-  for (const auto& [name, shape] : shapes) datasets.push_back("model/" + name);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : shapes) names.push_back(name);
   std::string why;
   std::vector<std::string> made_directories;  // removed again, if empty, when the import fails
   if (!files::make_parent_directories(output, &why, &made_directories))
     throw config_error("--output", output, "cannot create its directory (" + why + ")");
   try {
-    write_checkpoint_file(
-        output, datasets,
-        [&](const std::string& dataset) {
-          const std::string name = dataset.substr(6);
+    write_model_checkpoint(
+        output, names,
+        [&](const std::string& name) {
           torch::Tensor t = weights.read(name).to(parameter_dtype(name, result.dtype));
           ++result.tensors;
           result.bytes += static_cast<int64_t>(t.nbytes());

@@ -42,6 +42,16 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const std::ve
   return contents;
 }
 
+void write_model_checkpoint(const std::string& path, const std::vector<std::string>& names,
+                            const std::function<torch::Tensor(const std::string&)>& source,
+                            const CheckpointState& state) {
+  std::vector<std::string> datasets;
+  for (const std::string& name : names) datasets.push_back(model_dataset(name));
+  const size_t prefix = model_dataset("").size();
+  write_checkpoint_file(
+      path, datasets, [&](const std::string& dataset) { return source(dataset.substr(prefix)); }, state);
+}
+
 bool has_optimizer_state(const CheckpointReader& reader) {
   const auto& datasets = reader.datasets();
   return std::any_of(datasets.begin(), datasets.end(),

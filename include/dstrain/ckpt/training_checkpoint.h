@@ -6,6 +6,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct CheckpointContents {
 };
 CheckpointContents checkpoint_contents(const NamedTensors& params, const std::vector<OptimizerStateView>& optimizer,
                                        bool sharded);
+
+// A checkpoint of a model alone, written whole by one process (an import, ckpt.save_final's
+// final_model.h5): the parameters `names`, each asked of `source` by name and stored as
+// "model/<name>" in the tensor's dtype, then `state`; as write_checkpoint_file writes it.
+void write_model_checkpoint(const std::string& path, const std::vector<std::string>& names,
+                            const std::function<torch::Tensor(const std::string&)>& source,
+                            const CheckpointState& state);
 
 // Whether the checkpoint holds optimizer state (a run's) rather than a model alone (an import, a
 // run's final_model.h5).
