@@ -11,6 +11,7 @@
 #include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/train/job.h"
 
 namespace dstrain::bench {
 namespace {
@@ -35,13 +36,19 @@ double time_per_call(Communicator& comm, int64_t iters, Op&& op) {
 }  // namespace
 
 nlohmann::json comm(const Options& o) {
-  int world_size = 1;
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
-  const DevicePlacement placement = place_rank(o.get_choice("train.device", {"auto", "cpu", "cuda"}));
-  const std::string backend = resolve_backend(o.get_choice("comm.backend", {"auto", "mpi", "nccl"}), placement.device);
-  ParallelContext context = ParallelContext::create(RankGrid(world_size, world_size, 1), backend, placement.device,
-                                                    o.get_float("comm.timeout_s", 1.0, 1e7));
-  Communicator& group = *context.dp_group;
+  // Every rank in one data-parallel group, on the configured device and backend.
+  const Job job = start_job([&](int world_size, int) {
+    TrainConfig c;
+    c.loop.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
+    c.comm.backend = o.get_choice("comm.backend", {"auto", "mpi", "nccl"});
+    c.comm.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);
+    c.parallel.dp = world_size;
+    return c;
+  });
+  const int world_size = job.world_size;
+  const DevicePlacement& placement = job.placement;
+  Communicator& group = *job.parallel->dp_group;
+  const std::string backend = group.backend();
   const int64_t iters = o.get_int("bench.iters", 1);
   const int64_t min_bytes = o.get_int("bench.min_bytes", 4);
   int64_t max_bytes = o.get_int("bench.max_bytes", 0);

@@ -13,8 +13,8 @@
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
-#include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/parallel_context.h"
+#include "dstrain/train/job.h"
 
 namespace dstrain::bench {
 
@@ -24,9 +24,15 @@ namespace {
 // (RUN_DIR/checkpoints unless set, as in training), then removes it; a row of `rows`.
 double checkpoint_write(const Options& o, nlohmann::json& rows) {
   using Clock = std::chrono::steady_clock;
-  int world_size = 1;
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
-  ParallelContext parallel = ParallelContext::create(RankGrid(world_size, world_size, 1));
+  // Every rank in one data-parallel group on the CPU: checkpoints are written from host memory.
+  Job job = start_job([](int world_size, int) {
+    TrainConfig c;
+    c.loop.device = "cpu";
+    c.comm.backend = "mpi";
+    c.parallel.dp = world_size;
+    return c;
+  });
+  ParallelContext& parallel = *job.parallel;
   const std::string run_dir = o.get_string("run.dir");
   const CkptConfig ckpt = read_ckpt_config(o, run_dir);
   if (ckpt.dir_in_run_dir && run_dir.empty())
@@ -55,7 +61,7 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
                 "checkpoint write", bytes / seconds / 1e6, "", blocked, seconds);
   log::info(line);
   rows.push_back({{"write", "checkpoint"}, {"bytes", bytes}, {"seconds", seconds}, {"blocked_seconds", blocked},
-                  {"mbps", bytes / seconds / 1e6}, {"ranks", world_size}});
+                  {"mbps", bytes / seconds / 1e6}, {"ranks", job.world_size}});
   if (parallel.world_rank == 0) files::remove_tree(dir);
   return bytes;
 }

@@ -13,7 +13,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_communicator.h"
 #include "dstrain/dist/parallel_context.h"
-#include "dstrain/train/agreed_phase.h"
+#include "dstrain/dist/agreed_phase.h"
 #include "dstrain/train/checkpoint_evaluation.h"
 #include "dstrain/train/train_config.h"
 

@@ -9,35 +9,31 @@
 namespace dstrain {
 namespace {
 
-// The factor set_auxiliary_loss_gradient_scale gives (one per process: one model per rank).
-torch::Tensor& auxiliary_loss_scale() {
-  static torch::Tensor scale;
-  return scale;
-}
-
-// Identity on `output` forward; backward, the auxiliary loss receives the gradient scale.
+// Identity on `output` forward; backward, the auxiliary loss receives the gradient factor.
 class AuxiliaryLossFunction : public torch::autograd::Function<AuxiliaryLossFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& output,
-                               const torch::Tensor& aux) {
+                               const torch::Tensor& aux, const torch::Tensor& factor) {
     ctx->save_for_backward({aux});
+    if (factor.defined()) ctx->saved_data["factor"] = factor;
     return output.view_as(output);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::Tensor aux = ctx->get_saved_variables()[0];
-    const torch::Tensor& scale = auxiliary_loss_scale();
-    torch::Tensor aux_grad = scale.defined() ? scale.to(aux.options()).expand_as(aux).clone() : torch::ones_like(aux);
-    return {grads[0], aux_grad};
+    const auto factor = ctx->saved_data.find("factor");
+    torch::Tensor aux_grad = factor != ctx->saved_data.end()
+                                 ? factor->second.toTensor().to(aux.options()).expand_as(aux).clone()
+                                 : torch::ones_like(aux);
+    return {grads[0], aux_grad, torch::Tensor()};
   }
 };
 
 }  // namespace
 
-void set_auxiliary_loss_gradient_scale(const torch::Tensor& scale) { auxiliary_loss_scale() = scale; }
-
-torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux) {
-  return AuxiliaryLossFunction::apply(output, aux);
+torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux,
+                                    const torch::Tensor& gradient_factor) {
+  return AuxiliaryLossFunction::apply(output, aux, gradient_factor);
 }
 
 Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, const ModelConfig& c) {
@@ -138,7 +134,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
       torch::NoGradGuard no_grad;
       balance_loss_ += balance.detach().to(balance_loss_.scalar_type());
     }
-    out = attach_auxiliary_loss(out, balance);
+    out = attach_auxiliary_loss(out, balance, aux_gradient_factor_);
   }
   return out;
 }

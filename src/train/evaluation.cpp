@@ -1,5 +1,9 @@
 #include "dstrain/train/evaluation.h"
 
+#include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
+#include "dstrain/train/stage_builder.h"
+
 namespace dstrain {
 
 double evaluate_loss(PipelineExecutor& executor, const std::shared_ptr<const CorpusReader>& corpus,
@@ -13,14 +17,8 @@ double evaluate_loss(PipelineExecutor& executor, const std::shared_ptr<const Cor
   }
   torch::Tensor total = torch::zeros({1}, torch::dtype(torch::kFloat64).device(device));
   for (int64_t b = 0; b < batches; ++b) {
-    std::vector<torch::Tensor> micro_batches;
-    auto batch = [&](int microbatch) {
-      if (micro_batches.empty())
-        for (int64_t i = 0; i < grad_accum; ++i)  // pinned host memory: the copy overlaps the kernels
-          micro_batches.push_back(loader->next().to(device, /*non_blocking=*/true));
-      return micro_batches[static_cast<size_t>(microbatch)];
-    };
-    total += executor.evaluate(batch);
+    // A stage that needs no tokens never asks for them.
+    total += executor.evaluate(loader ? step_batches(*loader, grad_accum, device) : PipelineExecutor::BatchSource());
   }
   // The losses are on the last stage: the sum over the stages brings them to every stage.
   parallel.pp_group->all_reduce(total, ReduceOp::kSum);
@@ -34,5 +32,27 @@ int64_t global_batches_in(const CorpusReader& corpus, int64_t seq_len, int64_t g
   return static_cast<int64_t>(samples_in_corpus(corpus.info().n_tokens, static_cast<uint64_t>(seq_len)) /
                               static_cast<uint64_t>(global_batch));
 }
+
+Validator::Validator(const TrainConfig& c, std::shared_ptr<const CorpusReader> corpus, PipelineExecutor& executor,
+                     LoaderOptions options, ParallelContext& parallel, const torch::Device& device)
+    : corpus_(std::move(corpus)), executor_(executor), options_(options), parallel_(parallel), device_(device),
+      interval_(c.loop.eval_interval), last_step_(c.loop.steps), batches_(c.loop.eval_batches) {
+  if (!corpus_) return;
+  const int64_t available = global_batches_in(*corpus_, c.loop.seq_len, c.loop.global_batch);
+  if (available == 0)
+    throw data_error(c.data.valid + ": too small for one global batch of " + std::to_string(c.loop.global_batch) +
+                     " sequences of " + std::to_string(c.loop.seq_len + 1) + " tokens");
+  if (available < batches_) {
+    log::warning("train.eval_batches = ", batches_, ": ", c.data.valid, " holds only ", available,
+                 " global batches; evaluating on those");
+    batches_ = available;
+  }
+}
+
+bool Validator::due(int64_t step) const {
+  return corpus_ && ((interval_ > 0 && step % interval_ == 0) || step == last_step_);
+}
+
+double Validator::evaluate() { return evaluate_loss(executor_, corpus_, options_, batches_, parallel_, device_); }
 
 }  // namespace dstrain

@@ -30,6 +30,12 @@ void MetricsLog::write(const nlohmann::json& record) {
   out_.flush();
 }
 
+std::string with_commas(double value) {
+  std::string digits = std::to_string(std::llround(value));
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
+  return digits;
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   long total = std::lround(seconds);

@@ -7,15 +7,6 @@
 #include "dstrain/train/metrics.h"
 
 namespace dstrain {
-namespace {
-
-std::string with_commas(double value) {
-  std::string digits = std::to_string(std::llround(value));
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
-  return digits;
-}
-
-}  // namespace
 
 std::string progress_text(int64_t step, int64_t total_steps, double tokens_per_s, double eta_seconds, int width) {
   const double done = total_steps > 0 ? static_cast<double>(step) / static_cast<double>(total_steps) : 1.0;

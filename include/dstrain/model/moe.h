@@ -13,9 +13,10 @@
 // never one by one.
 //
 // Balance: the sequence-wise auxiliary loss (V3 eq. 17-20, weight aux_loss_alpha) joins the
-// gradient through the layer's output (see AuxiliaryLoss), and each forward pass in training
-// counts the tokens each expert received (expert_load), from which the trainer updates the bias
-// (update_bias) with the whole batch's counts after each step, the same on every rank.
+// gradient through the layer's output (attach_auxiliary_loss), and each forward pass in training
+// counts the tokens each expert received (expert_load), from which a post-step hook of the
+// optimizer (optim/moe_balancing.h) updates the bias (update_bias) with the whole batch's counts,
+// the same on every rank.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -59,21 +60,23 @@ class MoEImpl : public torch::nn::Module {
   // which then leaves the bias as it is too; on the device, so that nothing waits for it.
   void update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped);
   const torch::Tensor& bias() const { return bias_; }
+  // The gradient the balance loss receives in the next training passes: the factor the step's
+  // backward pass gives the main loss (loss scale / micro-batches), a 0-dim tensor; 1 when unset.
+  void set_auxiliary_loss_gradient_factor(const torch::Tensor& factor) { aux_gradient_factor_ = factor; }
 
  private:
   ModelConfig config_;
-  torch::Tensor gate_weight_, bias_, load_, balance_loss_;
+  torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_;
   std::vector<SwiGLU> experts_;
   SwiGLU shared_experts_{nullptr};
 };
 TORCH_MODULE(MoE);
 
-// The gradient of the auxiliary losses: a step's backward pass scales the main loss by
-// loss_scale / micro-batches; the executor sets the same factor here for the auxiliary losses,
-// which join the backward pass through the layer outputs they are attached to (as Megatron's
-// MoEAuxLossAutoScaler does). A 0-dim tensor on the model's device; 1 when never set.
-void set_auxiliary_loss_gradient_scale(const torch::Tensor& scale);
-// Returns `output` unchanged; its backward pass also sends d(aux)/d(aux) × the scale above into `aux`.
-torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux);
+// Returns `output` unchanged; its backward pass also sends `gradient_factor` (a 0-dim tensor; 1
+// when undefined) into `aux` as d(objective)/d(aux): the auxiliary loss joins the backward pass
+// through the layer output it is attached to, with the factor the step gives the main loss, as
+// Megatron's MoEAuxLossAutoScaler does.
+torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux,
+                                    const torch::Tensor& gradient_factor);
 
 }  // namespace dstrain

@@ -1,7 +1,7 @@
-// Runs a schedule on this rank's stage: its model chunks compute, activations and gradients travel
-// through the PP group's Communicator (shapes fixed by the configuration: nothing but the data
-// travels), the last virtual stage computes the loss. Each activation is freed as soon as its
-// backward pass is done.
+// Runs a schedule on this rank's stage: its chunks (a PipelineStage) compute, activations and
+// gradients travel through the PP group's Communicator (shapes fixed by the configuration: nothing
+// but the data travels), the last virtual stage computes the losses. Each activation is freed as
+// soon as its backward pass is done.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -13,8 +13,8 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/dist/communicator.h"
-#include "dstrain/model/transformer.h"
 #include "dstrain/pipeline/schedule.h"
+#include "dstrain/pipeline/stage.h"
 
 namespace dstrain {
 
@@ -26,25 +26,22 @@ struct ActivationShape {
 
 class PipelineExecutor {
  public:
-  // chunks[c] is virtual stage c × pp + stage of `train` (and of `eval`, the forward-only schedule).
-  PipelineExecutor(Schedule train, Schedule eval, int stage, std::vector<CausalLM> chunks, Communicator& pp_group,
+  // Chunk c of `model` is virtual stage c × pp + stage of `train` (and of `eval`, the
+  // forward-only schedule). `model` outlives the executor.
+  PipelineExecutor(Schedule train, Schedule eval, int stage, PipelineStage& model, Communicator& pp_group,
                    const ActivationShape& shape);
 
   // The tokens of micro-batch i, int64 [micro_batch, seq_len + 1] on the device: asked for on
   // the stages that hold the first or the last virtual stage (inputs, targets).
   using BatchSource = std::function<torch::Tensor(int microbatch)>;
 
-  // One training step: forward and backward of every micro-batch. Each micro-batch's loss
-  // (next token + mtp_loss_weight × multi-token prediction) is divided by `loss_divisor`;
-  // `loss_scale` (a 0-dim tensor, or undefined) multiplies it before backward. Returns the sum of
-  // the divided next-token losses (0-dim, on the device; 0 on stages without the last virtual
-  // stage); mtp_loss() the same sum of the multi-token prediction losses.
-  torch::Tensor train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale);
-  // Forward only, without gradients: the sum of the micro-batches' mean next-token losses (0-dim, fp64).
+  // One training step: forward and backward of every micro-batch. Each micro-batch's objective
+  // is divided by `loss_divisor`; `loss_scale` (a 0-dim tensor, or undefined) multiplies it
+  // before backward. Returns, for each of the stage's loss_names(), the sum over micro-batches of
+  // the divided losses (0-dim fp32, on the device; 0 on stages without the last virtual stage).
+  std::vector<torch::Tensor> train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale);
+  // Forward only, without gradients: the sum of the micro-batches' first loss (0-dim, fp64).
   torch::Tensor evaluate(const BatchSource& batch);
-  // The last train_step's multi-token prediction loss (see above); undefined when the model has
-  // no MTP modules.
-  const torch::Tensor& mtp_loss() const { return mtp_loss_; }
 
   bool has_loss() const;  // this stage holds the last virtual stage
   bool needs_batches() const;  // ... the first or the last
@@ -55,16 +52,23 @@ class PipelineExecutor {
 
  private:
   using Key = std::tuple<int, int>;  // (micro-batch, chunk)
-  torch::Tensor run(const Schedule& schedule, const BatchSource& batch, double loss_divisor,
-                    const torch::Tensor& loss_scale);
+  // Returns the loss sums (training: every loss, fp32; evaluation: the first, fp64).
+  std::vector<torch::Tensor> run(const Schedule& schedule, const BatchSource& batch, double loss_divisor,
+                                 const torch::Tensor& loss_scale);
+  // Forward of a micro-batch on chunk `a.chunk`; on the last virtual stage, its losses are added
+  // to `sums` and its objective kept for the backward pass.
+  void forward(const Schedule& schedule, const Action& a, const torch::Tensor& tokens, bool training,
+               double loss_divisor, const torch::Tensor& loss_scale, std::vector<torch::Tensor>& sums);
+  void backward(const Schedule& schedule, const Action& a);
+  // Sends and receives of one group of consecutive transfer actions, all at once.
+  void exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training, bool timed);
 
   Schedule train_, eval_;
   int stage_;
-  std::vector<CausalLM> chunks_;
+  PipelineStage& model_;
   Communicator& pp_group_;
   ActivationShape shape_;
-  int64_t activation_width_;  // hidden size, or twice it when the stages carry embeddings
-  torch::Tensor mtp_loss_;
+  int64_t activation_width_;
   // Per (micro-batch, chunk) in flight: the input (received activation, a leaf that collects its
   // gradient) and the output (activation to send back the gradient through, or the loss).
   std::map<Key, torch::Tensor> inputs_, outputs_;

@@ -13,6 +13,7 @@
 #include "dstrain/data/loader.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/pipeline/executor.h"
+#include "dstrain/train/train_config.h"
 
 namespace dstrain {
 
@@ -24,5 +25,26 @@ double evaluate_loss(PipelineExecutor& executor, const std::shared_ptr<const Cor
 
 // Global batches of `global_batch` sequences of seq_len + 1 tokens that a corpus holds.
 int64_t global_batches_in(const CorpusReader& corpus, int64_t seq_len, int64_t global_batch);
+
+// The training loop's evaluation on data.valid: every train.eval_interval steps and after the
+// last, over its first train.eval_batches global batches (fewer, with a warning, when the corpus
+// holds fewer). Throws Error(kData) when the corpus is too small for one global batch.
+class Validator {
+ public:
+  // `corpus`: null without data.valid. `executor` and `parallel` outlive the validator.
+  Validator(const TrainConfig& config, std::shared_ptr<const CorpusReader> corpus, PipelineExecutor& executor,
+            LoaderOptions options, ParallelContext& parallel, const torch::Device& device);
+  bool enabled() const { return corpus_ != nullptr; }
+  bool due(int64_t step) const;
+  double evaluate();  // collective: the mean loss, the same on every rank
+
+ private:
+  std::shared_ptr<const CorpusReader> corpus_;
+  PipelineExecutor& executor_;
+  LoaderOptions options_;
+  ParallelContext& parallel_;
+  torch::Device device_;
+  int64_t interval_, last_step_, batches_;
+};
 
 }  // namespace dstrain

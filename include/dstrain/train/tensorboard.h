@@ -9,10 +9,11 @@
 #include <string>
 
 #include "dstrain/train/event_file.h"
+#include "dstrain/train/report_sink.h"
 
 namespace dstrain {
 
-class TensorBoardLog {
+class TensorBoardLog : public ReportSink {
  public:
   TensorBoardLog() = default;  // disabled: every call is a no-op (ranks other than 0)
   // A new event file in `run_dir`; a run resumed after `resumed_step` > 0 first marks a restart
@@ -20,7 +21,7 @@ class TensorBoardLog {
   TensorBoardLog(const std::string& run_dir, int64_t resumed_step);
 
   // The record's numbers under their TensorBoard tags (tensorboard_tag), at the record's "step".
-  void write(const nlohmann::json& record);
+  void write(const nlohmann::json& record) override;
 
  private:
   std::shared_ptr<EventFileWriter> writer_;

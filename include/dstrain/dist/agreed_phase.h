@@ -1,7 +1,7 @@
 // A phase of a start-up in which any rank may fail on its own (reading a file that only some
 // ranks see, say): afterwards every rank knows whether all succeeded, so that none waits in a
 // collective for a rank that has given up, and only the lowest failing rank reports (one
-// message, not one per rank). The trainer's start-up and `dstrain eval` go through it. A phase
+// message, not one per rank). The start-up of every multi-rank command goes through it. A phase
 // that contains collectives must fail on all ranks alike, or not at all.
 #pragma once
 

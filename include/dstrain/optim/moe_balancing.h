@@ -1,0 +1,46 @@
+// DeepSeek-V3's auxiliary-loss-free balancing as a post-step hook: after each step, the tokens
+// every routed expert of this stage's MoE layers received (every micro-batch, summed over the
+// data-parallel ranks) move the layer's bias (MoEImpl::update_bias), the same way on every rank.
+// The same reduction brings the sequence-wise balance loss, which the hook reports.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "dstrain/dist/communicator.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/model/moe.h"
+#include "dstrain/optim/post_step_hook.h"
+
+namespace dstrain {
+
+class MoeBalancing : public PostStepHook {
+ public:
+  // `layers`: this stage's MoE layers by global layer index (none on a stage without them);
+  // `micro_batches`: per data-parallel rank and step; `device`: the model's.
+  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& dp_group, const ModelConfig& model,
+               int64_t micro_batches, const torch::Device& device);
+
+  void after_step(const torch::Tensor& skipped) override;
+  // "balance_loss" (with model.aux_loss_alpha): the step's balance loss of this stage's layers,
+  // mean over micro-batches and data-parallel ranks, summed over layers; 0 without MoE layers.
+  std::vector<std::pair<std::string, torch::Tensor>> step_values() const override;
+  // The last step's max/mean of the tokens each layer's experts received (1 is perfect
+  // balance), by global layer index; empty before the first step or without MoE layers.
+  // Synchronises.
+  std::vector<std::pair<int64_t, double>> expert_balance() const;
+
+ private:
+  std::vector<std::pair<int64_t, MoE>> layers_;
+  Communicator& dp_group_;
+  int64_t experts_;
+  double bias_update_speed_;
+  bool reports_balance_loss_;
+  double loss_divisor_;         // micro-batches × data-parallel ranks
+  torch::Device device_;
+  torch::Tensor balance_loss_;  // the last step's
+  torch::Tensor balance_;       // the last step's max/mean expert load of each layer
+};
+
+}  // namespace dstrain

@@ -1,0 +1,47 @@
+// The start of every multi-rank command that computes with the model (`train`, `eval`,
+// `bench step`): the configuration, this rank's device and the rank grid's communicators, each
+// phase agreed by every rank so that a failure on one ends all of them alike, with one message;
+// and the policy for errors once the ranks are inside collectives.
+#pragma once
+
+#include <functional>
+#include <optional>
+
+#include "dstrain/core/error.h"
+#include "dstrain/dist/device.h"
+#include "dstrain/dist/parallel_context.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+
+struct Job {
+  int world_size = 1, world_rank = 0;
+  TrainConfig config;
+  DevicePlacement placement;
+  std::optional<ParallelContext> parallel;  // set once the job has started
+};
+
+// `read_config` runs on every rank and may fail on any (a file only some ranks see); then the
+// rank's torch threads and kernels are set, its device chosen, and the communicators built from
+// parallel.order, dp and pp. Throws Error: the lowest failing rank's, or an empty one on the
+// ranks that failed only because another did.
+Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& read_config);
+
+// Reports `error` on this rank and ends every rank of the job with its exit code.
+[[noreturn]] void abort_job(const Error& error);
+
+// Runs `work` (collective: training, an evaluation) on a started job. An error during it is this
+// rank's alone while the others wait inside collectives: the rank says what happened and ends
+// the whole job (MPI_Abort with the error's exit code); a job of one rank throws it as it is.
+template <typename Work>
+auto run_or_abort(const Job& job, Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const std::exception& e) {
+    const Error error = as_error(e);
+    if (job.world_size == 1) throw error;
+    abort_job(error);
+  }
+}
+
+}  // namespace dstrain

@@ -1,0 +1,37 @@
+// A rank's chunks of a DeepSeek language model as the pipeline executor sees them
+// (pipeline/stage.h): the next-token loss, multi-token prediction's loss and its weight, and the
+// MoE layers' balance loss, whose gradient factor each training pass hands to them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dstrain/model/transformer.h"
+#include "dstrain/pipeline/stage.h"
+
+namespace dstrain {
+
+class LanguageModelStage : public PipelineStage {
+ public:
+  // `chunks`: this rank's model chunks, in the order of their virtual stages; `virtual_stages`:
+  // of the whole pipeline (pp × chunks per stage).
+  LanguageModelStage(std::vector<CausalLM> chunks, int virtual_stages);
+
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  int64_t activation_width() const override { return activation_width_; }
+  // "loss" (next token), then "mtp_loss" when the model has multi-token prediction modules.
+  std::vector<std::string> loss_names() const override;
+  void begin_pass(bool training, const torch::Tensor& loss_gradient_factor) override;
+  torch::Tensor forward(int chunk, const torch::Tensor& input) override;
+  // objective = next token + mtp_loss_weight × multi-token prediction (training only).
+  MicroBatchLosses losses(int chunk, const torch::Tensor& input, const torch::Tensor& tokens) override;
+
+  const std::vector<CausalLM>& models() const { return chunks_; }
+
+ private:
+  std::vector<CausalLM> chunks_;
+  int64_t activation_width_;  // hidden size, or twice it when the stages carry embeddings
+  bool training_ = false;
+};
+
+}  // namespace dstrain

@@ -1,0 +1,51 @@
+// This rank's part of the model on its layout, as `train`, `eval` and `bench step` all run it:
+// the model chunks of its pipeline stage (virtual stage c × pp + stage for each of its chunks),
+// the executor that runs them on the configured schedule, and the options of the loader that
+// feeds them its data-parallel share of each global batch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/data/loader.h"
+#include "dstrain/dist/parallel_context.h"
+#include "dstrain/model/layer_slice.h"
+#include "dstrain/pipeline/executor.h"
+#include "dstrain/train/language_model_stage.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+
+struct RankStage {
+  std::vector<LayerSlice> slices;  // of every virtual stage of the pipeline, in order
+  std::unique_ptr<LanguageModelStage> model;
+  std::unique_ptr<PipelineExecutor> executor;
+
+  const std::vector<CausalLM>& chunks() const { return model->models(); }
+  // Every parameter of this rank's chunks by global name, sorted by name.
+  NamedTensors parameters() const;
+  // This rank's MoE layers by global layer index (empty for a dense model).
+  std::vector<std::pair<int64_t, MoE>> moe_layers() const;
+  // Layers per virtual stage, "2,2": what a checkpoint records of the split.
+  std::string layers_per_virtual_stage() const;
+};
+
+// Initial parameters: from (run.seed, name) alone, so that every layout starts alike; or left
+// for a checkpoint to fill (evaluation).
+enum class Initialization { kFromSeed, kNone };
+
+// The chunks on `device` in train.precision (the MoE balancing bias stays fp32).
+RankStage build_rank_stage(const TrainConfig& config, ParallelContext& parallel, const torch::Device& device,
+                           Initialization initialization);
+
+// The micro-batches of one step (or evaluated global batch) from `loader`, all read at the first
+// request, in pinned host memory where it is a GPU's: the copies overlap the kernels queued.
+PipelineExecutor::BatchSource step_batches(DataLoader& loader, int64_t micro_batches, const torch::Device& device);
+
+// Which micro-batches of which global batch this rank reads, and how.
+LoaderOptions rank_loader_options(const TrainConfig& config, const ParallelContext& parallel,
+                                  const torch::Device& device);
+
+}  // namespace dstrain

@@ -1,0 +1,36 @@
+#include "dstrain/train/job.h"
+
+#include "dstrain/core/log.h"
+#include "dstrain/dist/agreed_phase.h"
+#include "dstrain/dist/mpi_check.h"
+#include "dstrain/model/cuda_kernels.h"
+
+namespace dstrain {
+
+Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& read_config) {
+  Job job;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &job.world_rank));
+  agreed_phase(job.world_rank, [&] { job.config = read_config(job.world_size, job.world_rank); });  // this rank alone
+  torch::set_num_threads(job.config.loop.threads);
+  enable_cuda_kernels(job.config.loop.cuda_kernels);
+  std::string backend;
+  agreed_phase(job.world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)
+    job.placement = place_rank(job.config.loop.device);
+    backend = resolve_backend(job.config.comm.backend, job.placement.device);
+  });
+  agreed_phase(job.world_rank, [&] {  // collective: communicators (their checks fail on every rank alike)
+    const ParallelConfig& p = job.config.parallel;
+    job.parallel.emplace(ParallelContext::create(RankGrid(job.world_size, p.order, {{"dp", p.dp}, {"pp", p.pp}}),
+                                                 backend, job.placement.device, job.config.comm.timeout_s));
+  });
+  return job;
+}
+
+void abort_job(const Error& error) {
+  log::error(error.what());
+  MPI_Abort(MPI_COMM_WORLD, static_cast<int>(error.code()));
+  std::abort();  // MPI_Abort does not return
+}
+
+}  // namespace dstrain

@@ -1,0 +1,60 @@
+#include "dstrain/train/run_plan.h"
+
+#include <cstdio>
+
+#include "dstrain/core/accelerator.h"
+#include "dstrain/core/log.h"
+#include "dstrain/model/flops.h"
+#include "dstrain/train/metrics.h"
+
+namespace dstrain {
+namespace {
+
+// What each corpus of a mixture gives the run: its share of the samples, and how often that
+// goes through it.
+void log_mixture(const TrainConfig& c, const Mixture& data) {
+  const double run_samples = static_cast<double>(c.loop.steps) * static_cast<double>(c.loop.global_batch);
+  for (size_t i = 0; i < data.corpora.size(); ++i) {
+    const CorpusInfo& info = data.corpora[i]->info();
+    const double samples = static_cast<double>(samples_in_corpus(info.n_tokens, c.loop.seq_len));
+    char text[96];
+    std::snprintf(text, sizeof text, "%.1f%% of the samples, %.2f epochs of its ", 100 * data.weights[i],
+                  data.weights[i] * run_samples / samples);
+    log::info("  ", info.path, ": ", text, with_commas(samples));
+  }
+}
+
+}  // namespace
+
+RunPlan run_plan(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement) {
+  const double peak =
+      c.loop.peak_tflops > 0 ? c.loop.peak_tflops : accel::known_peak_tflops(placement.name, c.loop.precision);
+  return {training_flops_per_token(c.model, c.loop.seq_len), peak * 1e12 * parallel.grid.world()};
+}
+
+void log_run_plan(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement,
+                  const RankStage& stage, const AdamW& optimizer, bool sharded, const Mixture& train_data) {
+  char flops[32];
+  std::snprintf(flops, sizeof flops, "%.3g", run_plan(c, parallel, placement).flops_per_token);
+  log::info("model: ", with_commas(static_cast<double>(count_parameters(c.model).total)), " parameters, ", flops,
+            " FLOP per token (training); ", c.loop.precision, " on ", placement.device.str(), " (", placement.name,
+            "), comm ", parallel.dp_group->backend());
+  const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages;
+  if (pp * chunks_per_stage > 1) {
+    std::string text = "pipeline: " + std::to_string(pp) + " stages × " + std::to_string(chunks_per_stage) +
+                       " chunk(s), schedule " + c.parallel.schedule + ", layers per virtual stage";
+    for (const LayerSlice& slice : stage.slices) text += " " + std::to_string(slice.last - slice.first);
+    log::info(text);
+  }
+  char state[128];
+  std::snprintf(state, sizeof state, "optimizer state: %.1f MiB on rank 0%s", optimizer.state_bytes() / 1048576.0,
+                sharded ? ", sharded over the data-parallel ranks (ZeRO-1)" : "");
+  log::info(state);
+  log::info("training ", c.loop.steps, " steps: global batch ", c.loop.global_batch, " × ", c.loop.seq_len,
+            " tokens (micro_batch ", c.loop.micro_batch, " × grad_accum ", c.loop.grad_accum, " × dp ",
+            parallel.grid.dp(), "), ", with_commas(static_cast<double>(train_data.n_tokens())), " tokens in ",
+            c.data.train);
+  if (train_data.corpora.size() > 1) log_mixture(c, train_data);
+}
+
+}  // namespace dstrain

@@ -1,0 +1,84 @@
+#include "dstrain/train/stage_builder.h"
+
+#include <algorithm>
+
+#include "dstrain/ckpt/format.h"
+#include "dstrain/core/error.h"
+#include "dstrain/pipeline/partition.h"
+
+namespace dstrain {
+
+NamedTensors RankStage::parameters() const {
+  NamedTensors params;
+  for (const CausalLM& chunk : chunks()) {
+    NamedTensors mine = sorted_parameters(*chunk);
+    params.insert(params.end(), mine.begin(), mine.end());
+  }
+  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return params;
+}
+
+std::vector<std::pair<int64_t, MoE>> RankStage::moe_layers() const {
+  std::vector<std::pair<int64_t, MoE>> layers;
+  for (const CausalLM& chunk : chunks())
+    for (const auto& layer : chunk->moe_layers()) layers.push_back(layer);
+  return layers;
+}
+
+std::string RankStage::layers_per_virtual_stage() const {
+  std::string text;
+  for (const LayerSlice& slice : slices) text += (text.empty() ? "" : ",") + std::to_string(slice.last - slice.first);
+  return text;
+}
+
+RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, const torch::Device& device,
+                           Initialization initialization) {
+  // Initialised in fp32 on the CPU from (seed, name) alone, then moved and rounded: the same
+  // start on every device and layout.
+  const torch::ScalarType dtype = dtype_named(c.loop.precision);
+  if (dtype == torch::kFloat16 && !device.is_cuda())
+    throw config_error("train.precision", "fp16",
+                       "LibTorch's CPU kernels have no fp16 matrix products; use bf16 on the CPU (fp16 runs on GPUs)");
+  const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
+  RankStage rank;
+  rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
+  std::vector<CausalLM> chunks;
+  for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
+    CausalLM model(c.model, rank.slices[chunk * pp + stage]);
+    if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
+    model->to(device);
+    cast_parameters(*model, dtype);
+    chunks.push_back(model);
+  }
+  rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
+  const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
+  const int microbatches = static_cast<int>(c.loop.grad_accum);
+  rank.executor = std::make_unique<PipelineExecutor>(
+      make_schedule(schedule, pp, chunks_per_stage, microbatches),
+      make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, *rank.model,
+      *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
+  return rank;
+}
+
+PipelineExecutor::BatchSource step_batches(DataLoader& loader, int64_t micro_batches, const torch::Device& device) {
+  auto batches = std::make_shared<std::vector<torch::Tensor>>();
+  return [&loader, micro_batches, device, batches](int microbatch) {
+    if (batches->empty())
+      for (int64_t i = 0; i < micro_batches; ++i) batches->push_back(loader.next().to(device, /*non_blocking=*/true));
+    return batches->at(static_cast<size_t>(microbatch));
+  };
+}
+
+LoaderOptions rank_loader_options(const TrainConfig& c, const ParallelContext& parallel, const torch::Device& device) {
+  LoaderOptions options;
+  options.seq_len = static_cast<uint64_t>(c.loop.seq_len);
+  options.layout = {static_cast<uint64_t>(c.loop.micro_batch), static_cast<uint64_t>(c.loop.grad_accum),
+                    static_cast<uint64_t>(parallel.grid.dp()), static_cast<uint64_t>(parallel.coord.dp)};
+  options.seed = c.run.seed;
+  options.model_vocab = static_cast<uint64_t>(c.model.vocab_size);
+  options.prefetch_depth = static_cast<size_t>(c.data.prefetch);
+  options.pinned_for_gpu = device.is_cuda() ? device.index() : -1;
+  return options;
+}
+
+}  // namespace dstrain
