@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <queue>
 #include <sstream>
 
@@ -140,10 +141,177 @@ std::string leading_special_token(const json& processor) {
   return single[0]["SpecialToken"].at("id").get<std::string>();
 }
 
+json parse_json(const std::string& json_text, const std::string& where) {
+  try {
+    return json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw Error(ExitCode::kUsage, where + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
 void check_normalizer(const json& node, const std::string& where) {
   if (node.is_null()) return;
   if (node.value("type", "") == "Sequence" && node.value("normalizers", json::array()).empty()) return;
   throw field_error(where, "normalizer", "'" + node.dump() + "' is not supported; expected null (byte-level BPE)");
+}
+
+void check_decoder(const json& node, const std::string& where) {
+  if (!node.is_null() && node.value("type", "") != "ByteLevel")
+    throw field_error(where, "decoder.type", "'" + node.value("type", std::string("?")) + "': expected ByteLevel");
+}
+
+// The model's options that only plain byte-level BPE takes, each checked for that value.
+void check_model_options(const json& model, const std::string& where) {
+  if (model.value("type", "BPE") != "BPE")
+    throw field_error(where, "model.type", "'" + model["type"].get<std::string>() + "' is not supported; expected BPE");
+  const json dropout = model.value("dropout", json());
+  if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
+    throw field_error(where, "model.dropout", "expected null (BPE dropout is for training tokenizers)");
+  if (model.value("byte_fallback", false)) throw field_error(where, "model.byte_fallback", "expected false (byte-level BPE)");
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json& value = model.value(affix, json());
+    if (!value.is_null() && value != "") throw field_error(where, std::string("model.") + affix, "expected null");
+  }
+}
+
+using Vocabulary = std::unordered_map<std::string, uint32_t>;       // token → id
+using AddedTokens = std::vector<std::pair<std::string, uint32_t>>;  // content, id
+
+// Ids index tables: a negative, fractional or absurd one is an error, not a wrap-around.
+uint32_t read_id(const json& id, const std::string& where, const std::string& field) {
+  constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId)
+    throw field_error(where, field, "id " + id.dump() + " is not an integer from 0 to " + std::to_string(kMaxId));
+  return static_cast<uint32_t>(id.get<int64_t>());
+}
+
+// model.vocab into `vocab`; returns its largest id.
+uint32_t read_vocab(const json& model, const std::string& where, Vocabulary* vocab) {
+  uint32_t max_id = 0;
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    const uint32_t value = read_id(id, where, "model.vocab '" + token + "'");
+    (*vocab)[token] = value;
+    max_id = std::max(max_id, value);
+  }
+  return max_id;
+}
+
+// The entries of added_tokens, in the file's order; each also into `content_ids`, and *max_id
+// raised to the largest id.
+AddedTokens read_added_tokens(const json& entries, const std::string& where, const Vocabulary& vocab,
+                              Vocabulary* content_ids, uint32_t* max_id) {
+  AddedTokens tokens;
+  for (const json& entry : entries) {
+    const std::string content = entry.at("content").get<std::string>();
+    for (const char* flag : {"single_word", "lstrip", "rstrip"})
+      if (entry.value(flag, false))
+        throw field_error(where, "added_tokens '" + content + "'." + flag, "true is not supported; expected false");
+    if (content.empty()) throw field_error(where, "added_tokens", "a token with empty content");
+    // A token the vocabulary already has keeps its vocabulary id, as Hugging Face's loader gives it.
+    const auto in_vocab = vocab.find(content);
+    const uint32_t id = in_vocab != vocab.end() ? in_vocab->second
+                                                : read_id(entry.at("id"), where, "added_tokens '" + content + "'");
+    tokens.emplace_back(content, id);
+    (*content_ids)[content] = id;
+    *max_id = std::max(*max_id, id);
+  }
+  return tokens;
+}
+
+// The id of each byte's symbol, or `missing`. Every byte needs its symbol: that is what makes any
+// input encodable. Bytes that valid UTF-8 never contains (C0, C1, F5-FF) may be missing, as in
+// DeepSeek-LLM's vocabulary: such a byte of invalid input is read as U+FFFD, the replacement
+// character.
+std::array<uint32_t, 256> byte_symbol_ids(const Vocabulary& vocab, const std::string& where, uint32_t missing) {
+  std::array<uint32_t, 256> ids{};
+  const auto& chars = byte_level::byte_to_chars();
+  for (int b = 0; b < 256; ++b) {
+    auto found = vocab.find(chars[b]);
+    const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+    if (found == vocab.end() && !never_in_utf8)
+      throw field_error(where, "model.vocab", "no entry for byte " + std::to_string(b) + " ('" + chars[b] +
+                                                  "'): not a byte-level vocabulary");
+    ids[b] = found == vocab.end() ? missing : found->second;
+  }
+  return ids;
+}
+
+// id → the bytes it decodes to.
+std::vector<std::string> bytes_of_ids(const Vocabulary& vocab, const AddedTokens& added, uint32_t vocab_size) {
+  std::vector<std::string> id_bytes(vocab_size, std::string());
+  std::string bytes;
+  for (const auto& [token, id] : vocab)
+    // An entry outside the byte-level alphabet (a special token the trainer wrote into the
+    // vocabulary) is never made by merges; it decodes as written.
+    id_bytes[id] = byte_level::chars_to_bytes(token, &bytes) ? bytes : token;
+  for (const auto& [content, id] : added) id_bytes[id] = content;
+  return id_bytes;
+}
+
+// One entry of model.merges → its left and right token.
+std::pair<std::string, std::string> merge_pair(const json& merge, const std::string& where, size_t rank) {
+  if (merge.is_string()) {  // "Ġ t" (older files)
+    const std::string text = merge.get<std::string>();
+    size_t space = text.find(' ');
+    if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
+      throw field_error(where, "model.merges[" + std::to_string(rank) + "]", "expected \"LEFT RIGHT\", got '" + text + "'");
+    return {text.substr(0, space), text.substr(space + 1)};
+  }
+  // ["Ġ", "t"] (newer files)
+  std::string left = merge.at(0).get<std::string>();
+  std::string right = merge.at(1).get<std::string>();
+  return {std::move(left), std::move(right)};
+}
+
+// model.merges, each given to add(pair key (left id << 32 | right id), rank, merged id) in order.
+template <typename Add>
+void read_merges(const json& merges, const Vocabulary& vocab, const std::string& where, Add add) {
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto [left, right] = merge_pair(merges[rank], where, rank);
+    auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(left + right);
+    if (l == vocab.end() || r == vocab.end() || m == vocab.end())
+      throw field_error(where, "model.merges[" + std::to_string(rank) + "]",
+                        "'" + left + " " + right + "' names a token missing from model.vocab");
+    add((uint64_t{l->second} << 32) | r->second, static_cast<uint32_t>(rank), m->second);
+  }
+}
+
+// The added tokens by their first byte, longest first, into `by_first_byte`; their distinct first
+// bytes into `first_bytes`.
+void index_added_tokens(AddedTokens added, std::array<AddedTokens, 256>* by_first_byte, std::string* first_bytes) {
+  // Longest first, so that a token that is a prefix of another never wins over it.
+  std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& [content, id] : added) {
+    auto& starting_alike = (*by_first_byte)[static_cast<unsigned char>(content[0])];
+    if (starting_alike.empty()) *first_bytes += content[0];
+    starting_alike.emplace_back(content, id);
+  }
+}
+
+// The id of the special token `processor` puts before every sequence, if it names one.
+std::optional<uint32_t> beginning_token_id(const BpeTokenizer& tokenizer, const json& processor,
+                                           const std::string& where) {
+  const std::string bos = leading_special_token(processor);
+  if (bos.empty()) return std::nullopt;
+  if (tokenizer.token_id(bos) < 0)
+    throw field_error(where, "post_processor", "its template starts with '" + bos + "', which is no token of the file");
+  return static_cast<uint32_t>(tokenizer.token_id(bos));
+}
+
+// The id of `eod_token`, or with none named, of the first usual end-of-document token there is.
+uint32_t end_of_document_id(const BpeTokenizer& tokenizer, const std::string& eod_token, const std::string& where) {
+  if (eod_token.empty()) {
+    int64_t found = -1;
+    for (const char* candidate : {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"})
+      if ((found = tokenizer.token_id(candidate)) >= 0) break;
+    if (found < 0)
+      throw config_error("--eod-token", "", where + " has none of <|endoftext|>, <｜end▁of▁sentence｜>, </s>, <eos>: "
+                                                    "name its end-of-document token");
+    return static_cast<uint32_t>(found);
+  }
+  if (tokenizer.token_id(eod_token) < 0)
+    throw config_error("--eod-token", eod_token, "a token of " + where + " (an added token or a vocabulary entry)");
+  return static_cast<uint32_t>(tokenizer.token_id(eod_token));
 }
 
 }  // namespace
@@ -158,106 +326,28 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path, c
 
 std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text, const std::string& where,
                                                       const std::string& eod_token) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::exception& e) {
-    throw Error(ExitCode::kUsage, where + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  const json root = parse_json(json_text, where);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   static std::atomic<uint64_t> instances{0};
   t->instance_ = ++instances;
   try {
     const json& model = root.at("model");
-    if (model.value("type", "BPE") != "BPE")
-      throw field_error(where, "model.type", "'" + model["type"].get<std::string>() + "' is not supported; expected BPE");
-    const json dropout = model.value("dropout", json());
-    if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
-      throw field_error(where, "model.dropout", "expected null (BPE dropout is for training tokenizers)");
-    if (model.value("byte_fallback", false)) throw field_error(where, "model.byte_fallback", "expected false (byte-level BPE)");
-    for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      const json& value = model.value(affix, json());
-      if (!value.is_null() && value != "") throw field_error(where, std::string("model.") + affix, "expected null");
-    }
+    check_model_options(model, where);
     t->ignore_merges_ = model.value("ignore_merges", false);
     check_normalizer(root.value("normalizer", json()), where);
-    const json& decoder = root.value("decoder", json());
-    if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
-      throw field_error(where, "decoder.type", "'" + decoder.value("type", std::string("?")) + "': expected ByteLevel");
+    check_decoder(root.value("decoder", json()), where);
 
-    // Ids index tables: a negative, fractional or absurd one is an error, not a wrap-around.
-    auto read_id = [&](const json& id, const std::string& field) {
-      constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId)
-        throw field_error(where, field, "id " + id.dump() + " is not an integer from 0 to " + std::to_string(kMaxId));
-      return static_cast<uint32_t>(id.get<int64_t>());
-    };
-    uint32_t max_id = 0;
-    for (const auto& [token, id] : model.at("vocab").items()) {
-      const uint32_t value = read_id(id, "model.vocab '" + token + "'");
-      t->vocab_[token] = value;
-      max_id = std::max(max_id, value);
-    }
-    std::vector<std::pair<std::string, uint32_t>> added;
-    for (const json& entry : root.value("added_tokens", json::array())) {
-      const std::string content = entry.at("content").get<std::string>();
-      for (const char* flag : {"single_word", "lstrip", "rstrip"})
-        if (entry.value(flag, false))
-          throw field_error(where, "added_tokens '" + content + "'." + flag, "true is not supported; expected false");
-      if (content.empty()) throw field_error(where, "added_tokens", "a token with empty content");
-      // A token the vocabulary already has keeps its vocabulary id, as Hugging Face's loader gives it.
-      const auto in_vocab = t->vocab_.find(content);
-      const uint32_t id = in_vocab != t->vocab_.end() ? in_vocab->second
-                                                      : read_id(entry.at("id"), "added_tokens '" + content + "'");
-      added.emplace_back(content, id);
-      t->added_[content] = id;
-      max_id = std::max(max_id, id);
-    }
+    uint32_t max_id = read_vocab(model, where, &t->vocab_);
+    AddedTokens added =
+        read_added_tokens(root.value("added_tokens", json::array()), where, t->vocab_, &t->added_, &max_id);
     t->vocab_size_ = max_id + 1;
-
-    // Every byte needs its symbol: that is what makes any input encodable. Bytes that valid UTF-8
-    // never contains (C0, C1, F5-FF) may be missing, as in DeepSeek-LLM's vocabulary: such a byte
-    // of invalid input is read as U+FFFD, the replacement character.
-    const auto& chars = byte_level::byte_to_chars();
-    for (int b = 0; b < 256; ++b) {
-      auto found = t->vocab_.find(chars[b]);
-      const bool never_in_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
-      if (found == t->vocab_.end() && !never_in_utf8)
-        throw field_error(where, "model.vocab", "no entry for byte " + std::to_string(b) + " ('" + chars[b] +
-                                                    "'): not a byte-level vocabulary");
-      t->byte_ids_[b] = found == t->vocab_.end() ? kNoSymbol : found->second;
-    }
-    t->id_bytes_.assign(t->vocab_size_, std::string());
-    std::string bytes;
-    for (const auto& [token, id] : t->vocab_)
-      // An entry outside the byte-level alphabet (a special token the trainer wrote into the
-      // vocabulary) is never made by merges; it decodes as written.
-      t->id_bytes_[id] = byte_level::chars_to_bytes(token, &bytes) ? bytes : token;
-    for (const auto& [content, id] : added) t->id_bytes_[id] = content;
-
-    const json& merges = model.at("merges");
-    for (size_t rank = 0; rank < merges.size(); ++rank) {
-      const json& merge = merges[rank];
-      std::string left, right;
-      if (merge.is_string()) {  // "Ġ t" (older files)
-        const std::string text = merge.get<std::string>();
-        size_t space = text.find(' ');
-        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
-          throw field_error(where, "model.merges[" + std::to_string(rank) + "]", "expected \"LEFT RIGHT\", got '" + text + "'");
-        left = text.substr(0, space);
-        right = text.substr(space + 1);
-      } else {  // ["Ġ", "t"] (newer files)
-        left = merge.at(0).get<std::string>();
-        right = merge.at(1).get<std::string>();
-      }
-      auto l = t->vocab_.find(left), r = t->vocab_.find(right), m = t->vocab_.find(left + right);
-      if (l == t->vocab_.end() || r == t->vocab_.end() || m == t->vocab_.end())
-        throw field_error(where, "model.merges[" + std::to_string(rank) + "]",
-                          "'" + left + " " + right + "' names a token missing from model.vocab");
+    t->byte_ids_ = byte_symbol_ids(t->vocab_, where, kNoSymbol);
+    t->id_bytes_ = bytes_of_ids(t->vocab_, added, t->vocab_size_);
+    read_merges(model.at("merges"), t->vocab_, where, [&](uint64_t pair, uint32_t rank, uint32_t merged) {
       // The last occurrence of a pair wins, as in Hugging Face's tokenizers (its merge map is
       // collected from the list in order).
-      t->merges_[(uint64_t{l->second} << 32) | r->second] = Merge{static_cast<uint32_t>(rank), m->second};
-    }
+      t->merges_[pair] = Merge{rank, merged};
+    });
 
     bool after_byte_level = false;
     read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
@@ -265,35 +355,13 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
                          t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), removed});
                        },
                        &after_byte_level);
-    // Longest first, so that a token that is a prefix of another never wins over it.
-    std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-    for (const auto& [content, id] : added) {
-      auto& starting_alike = t->added_by_first_byte_[static_cast<unsigned char>(content[0])];
-      if (starting_alike.empty()) t->added_first_bytes_ += content[0];
-      starting_alike.emplace_back(content, id);
-    }
+    index_added_tokens(std::move(added), &t->added_by_first_byte_, &t->added_first_bytes_);
   } catch (const json::exception& e) {
     throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape (" + std::string(e.what()) + ")");
   }
 
-  if (const std::string bos = leading_special_token(root.value("post_processor", json())); !bos.empty()) {
-    if (t->token_id(bos) < 0)
-      throw field_error(where, "post_processor", "its template starts with '" + bos + "', which is no token of the file");
-    t->bos_id_ = static_cast<uint32_t>(t->token_id(bos));
-  }
-  if (eod_token.empty()) {
-    int64_t found = -1;
-    for (const char* candidate : {"<|endoftext|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>"})
-      if ((found = t->token_id(candidate)) >= 0) break;
-    if (found < 0)
-      throw config_error("--eod-token", "", where + " has none of <|endoftext|>, <｜end▁of▁sentence｜>, </s>, <eos>: "
-                                                    "name its end-of-document token");
-    t->eod_id_ = static_cast<uint32_t>(found);
-  } else {
-    if (t->token_id(eod_token) < 0)
-      throw config_error("--eod-token", eod_token, "a token of " + where + " (an added token or a vocabulary entry)");
-    t->eod_id_ = static_cast<uint32_t>(t->token_id(eod_token));
-  }
+  t->bos_id_ = beginning_token_id(*t, root.value("post_processor", json()), where);
+  t->eod_id_ = end_of_document_id(*t, eod_token, where);
   std::string file_name = where.substr(where.find_last_of('/') + 1);
   t->name_ = "bpe:" + file_name + ":" + hex64(xxh64(json_text.data(), json_text.size()));
   return t;
