@@ -72,25 +72,60 @@ struct FileCounts {
   uint64_t documents = 0, unsafe_cuts = 0;
 };
 
-// Reads `inputs` with one thread, tokenizes with `threads` others and writes the batches in
-// order into `writer` (this thread). At most `max_in_flight` batches exist at any time.
-uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer& tokenizer, CorpusWriter* writer,
-                        unsigned threads, size_t batch_bytes, std::vector<FileCounts>* counts) {
-  const size_t max_in_flight = 2 * threads + 2;
+// Tokenizes a batch's segments, freeing each text once encoded.
+void tokenize_batch(const Tokenizer& tokenizer, Batch* batch) {
+  batch->tokens.resize(batch->segments.size());
+  for (size_t i = 0; i < batch->segments.size(); ++i) {
+    try {
+      batch->tokens[i] = tokenizer.encode(batch->segments[i].text);
+    } catch (const Error& e) {  // the text's fault: say which
+      throw Error(e.code(), batch->segments[i].where + ": " + e.what());
+    }
+    std::string().swap(batch->segments[i].text);  // the text is no longer needed
+  }
+}
+
+// Appends a batch's tokens to `writer`: each document after the tokenizer's beginning token (if it
+// has one) and before the end-of-document token. `document_starts`: whether the next segment
+// begins a document (a document may go on into the next batch).
+void write_batch(const Batch& batch, std::optional<uint32_t> bos, uint32_t eod, bool* document_starts,
+                 CorpusWriter* writer) {
+  for (size_t i = 0; i < batch.segments.size(); ++i) {
+    if (bos && *document_starts) writer->append_tokens(&*bos, 1);
+    writer->append_tokens(batch.tokens[i].data(), batch.tokens[i].size());
+    *document_starts = batch.segments[i].ends_document;
+    if (batch.segments[i].ends_document) {
+      writer->append_tokens(&eod, 1);
+      writer->end_document();
+    }
+  }
+}
+
+// The batches on their way from the reading thread through the tokenizing threads to the writing
+// one, and what those threads share. Batches are numbered in reading order; the first failure
+// stops every thread.
+struct TokenizingPipeline {
+  TokenizingPipeline(const Tokenizer& tokenizer, size_t max_in_flight)
+      : tokenizer(tokenizer), max_in_flight(max_in_flight) {}
+
+  const Tokenizer& tokenizer;
+  const size_t max_in_flight;
   std::mutex mutex;
   std::condition_variable changed;
   std::map<uint64_t, std::unique_ptr<Batch>> to_encode, encoded;
   uint64_t in_flight = 0, read_batches = 0, input_bytes = 0;
   bool reading_done = false, stopping = false;
   std::exception_ptr failure;
-  auto fail = [&](std::exception_ptr error) {
+
+  void fail(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!failure) failure = error;
     stopping = true;
     changed.notify_all();
-  };
+  }
 
-  std::thread reader([&] {
+  // The reading thread: the documents of `inputs` in batches of about `batch_bytes`.
+  void read(const std::vector<std::string>& inputs, size_t batch_bytes, std::vector<FileCounts>* counts) {
     try {
       auto batch = std::make_unique<Batch>();
       size_t bytes = 0;
@@ -123,77 +158,73 @@ uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer&
     } catch (...) {
       fail(std::current_exception());
     }
-  });
-
-  std::vector<std::thread> workers;
-  for (unsigned t = 0; t < threads; ++t)
-    workers.emplace_back([&] {
-      try {
-        for (;;) {
-          std::unique_ptr<Batch> batch;
-          uint64_t sequence;
-          {
-            std::unique_lock<std::mutex> lock(mutex);
-            changed.wait(lock, [&] { return stopping || !to_encode.empty() || reading_done; });
-            if (stopping || to_encode.empty()) return;
-            sequence = to_encode.begin()->first;
-            batch = std::move(to_encode.begin()->second);
-            to_encode.erase(to_encode.begin());
-          }
-          batch->tokens.resize(batch->segments.size());
-          for (size_t i = 0; i < batch->segments.size(); ++i) {
-            try {
-              batch->tokens[i] = tokenizer.encode(batch->segments[i].text);
-            } catch (const Error& e) {  // the text's fault: say which
-              throw Error(e.code(), batch->segments[i].where + ": " + e.what());
-            }
-            std::string().swap(batch->segments[i].text);  // the text is no longer needed
-          }
-          std::lock_guard<std::mutex> lock(mutex);
-          encoded.emplace(sequence, std::move(batch));
-          changed.notify_all();
-        }
-      } catch (...) {
-        fail(std::current_exception());
-      }
-    });
-
-  // Write in order, as the batches come: each document after the tokenizer's beginning token
-  // (if it has one) and before the end-of-document token.
-  const uint32_t eod = tokenizer.eod_id();
-  const std::optional<uint32_t> bos = tokenizer.bos_id();
-  bool document_starts = true;
-  try {
-    for (uint64_t next = 0;; ++next) {
-      std::unique_ptr<Batch> batch;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        changed.wait(lock, [&] { return stopping || encoded.count(next) || (reading_done && next == read_batches); });
-        if (stopping || !encoded.count(next)) break;
-        batch = std::move(encoded[next]);
-        encoded.erase(next);
-      }
-      for (size_t i = 0; i < batch->segments.size(); ++i) {
-        if (bos && document_starts) writer->append_tokens(&*bos, 1);
-        writer->append_tokens(batch->tokens[i].data(), batch->tokens[i].size());
-        document_starts = batch->segments[i].ends_document;
-        if (batch->segments[i].ends_document) {
-          writer->append_tokens(&eod, 1);
-          writer->end_document();
-        }
-      }
-      batch.reset();
-      std::lock_guard<std::mutex> lock(mutex);
-      --in_flight;
-      changed.notify_all();
-    }
-  } catch (...) {
-    fail(std::current_exception());
   }
+
+  // A tokenizing thread: encodes the batches read, lowest number first.
+  void encode() {
+    try {
+      for (;;) {
+        std::unique_ptr<Batch> batch;
+        uint64_t sequence;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return stopping || !to_encode.empty() || reading_done; });
+          if (stopping || to_encode.empty()) return;
+          sequence = to_encode.begin()->first;
+          batch = std::move(to_encode.begin()->second);
+          to_encode.erase(to_encode.begin());
+        }
+        tokenize_batch(tokenizer, batch.get());
+        std::lock_guard<std::mutex> lock(mutex);
+        encoded.emplace(sequence, std::move(batch));
+        changed.notify_all();
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  // The writing thread: writes the encoded batches in order, as they come.
+  void write(CorpusWriter* writer) {
+    const uint32_t eod = tokenizer.eod_id();
+    const std::optional<uint32_t> bos = tokenizer.bos_id();
+    bool document_starts = true;
+    try {
+      for (uint64_t next = 0;; ++next) {
+        std::unique_ptr<Batch> batch;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return stopping || encoded.count(next) || (reading_done && next == read_batches); });
+          if (stopping || !encoded.count(next)) break;
+          batch = std::move(encoded[next]);
+          encoded.erase(next);
+        }
+        write_batch(*batch, bos, eod, &document_starts, writer);
+        batch.reset();
+        std::lock_guard<std::mutex> lock(mutex);
+        --in_flight;
+        changed.notify_all();
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+};
+
+// Reads `inputs` with one thread, tokenizes with `threads` others and writes the batches in
+// order into `writer` (this thread). At most `max_in_flight` batches exist at any time.
+uint64_t tokenize_files(const std::vector<std::string>& inputs, const Tokenizer& tokenizer, CorpusWriter* writer,
+                        unsigned threads, size_t batch_bytes, std::vector<FileCounts>* counts) {
+  const size_t max_in_flight = 2 * threads + 2;
+  TokenizingPipeline pipeline(tokenizer, max_in_flight);
+  std::thread reader([&] { pipeline.read(inputs, batch_bytes, counts); });
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) workers.emplace_back([&] { pipeline.encode(); });
+  pipeline.write(writer);
   reader.join();
   for (std::thread& worker : workers) worker.join();
-  if (failure) std::rethrow_exception(failure);
-  return input_bytes;
+  if (pipeline.failure) std::rethrow_exception(pipeline.failure);
+  return pipeline.input_bytes;
 }
 
 struct DocRef {
