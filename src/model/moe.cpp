@@ -9,13 +9,19 @@
 namespace dstrain {
 namespace {
 
+// The factor an auxiliary loss's gradient takes; undefined: 1. (A struct, not a tensor argument:
+// autograd functions take no undefined tensors.)
+struct GradientFactor {
+  torch::Tensor value;
+};
+
 // Identity on `output` forward; backward, the auxiliary loss receives the gradient factor.
 class AuxiliaryLossFunction : public torch::autograd::Function<AuxiliaryLossFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& output,
-                               const torch::Tensor& aux, const torch::Tensor& factor) {
+                               const torch::Tensor& aux, const GradientFactor& factor) {
     ctx->save_for_backward({aux});
-    if (factor.defined()) ctx->saved_data["factor"] = factor;
+    if (factor.value.defined()) ctx->saved_data["factor"] = factor.value;
     return output.view_as(output);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -25,7 +31,7 @@ class AuxiliaryLossFunction : public torch::autograd::Function<AuxiliaryLossFunc
     torch::Tensor aux_grad = factor != ctx->saved_data.end()
                                  ? factor->second.toTensor().to(aux.options()).expand_as(aux).clone()
                                  : torch::ones_like(aux);
-    return {grads[0], aux_grad, torch::Tensor()};
+    return {grads[0], aux_grad, torch::Tensor()};  // (nothing for the factor)
   }
 };
 
@@ -33,7 +39,7 @@ class AuxiliaryLossFunction : public torch::autograd::Function<AuxiliaryLossFunc
 
 torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Tensor& aux,
                                     const torch::Tensor& gradient_factor) {
-  return AuxiliaryLossFunction::apply(output, aux, gradient_factor);
+  return AuxiliaryLossFunction::apply(output, aux, GradientFactor{gradient_factor});
 }
 
 Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, const ModelConfig& c) {
