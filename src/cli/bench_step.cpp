@@ -88,6 +88,8 @@ nlohmann::json step(Options o) {
                         {"tokens_per_s", result.tokens_per_s},
                         {"mfu", result.mfu},
                         {"peak_memory_bytes", result.peak_memory_bytes},
+                        {"peak_activation_bytes", result.peak_activation_bytes},
+                        {"recompute", o.raw("train.recompute")},
                         {"final_loss", result.final_loss}};
   char figures[128];
   std::snprintf(figures, sizeof figures, "bench step: %.0f tok/s over %lld timed steps", result.tokens_per_s,
@@ -99,6 +101,8 @@ nlohmann::json step(Options o) {
   }
   if (result.peak_memory_bytes > 0)
     line += ", peak memory " + format_bytes(static_cast<double>(result.peak_memory_bytes));
+  line += ", activations " + format_bytes(static_cast<double>(result.peak_activation_bytes)) + " (recompute " +
+          o.raw("train.recompute") + ")";
   log::info(line);
   return out;
 }

@@ -15,7 +15,12 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer) {
   post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& input, const RopeTables& rope) {
+  // The gradients of the layer's two uses of its input (norm, residual) are summed here, inside
+  // the layer, before the sum joins those of the input's other users (multi-token prediction
+  // reuses the embeddings): the grouping a recomputed layer gives them too, so that recomputation
+  // changes no bit.
+  const torch::Tensor x = input.view_as(input);
   const torch::Tensor normed = input_layernorm_(x);
   return add_mlp(x + (latent_attention_ ? latent_attention_(normed, rope) : attention_(normed, rope)));
 }

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "dstrain/core/accelerator.h"
+#include "dstrain/model/recompute.h"
 
 namespace dstrain {
 namespace {
@@ -112,7 +113,8 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   // Counted on the device: CUDA's bincount reads the minimum and maximum on the host first.
   torch::Tensor counts = torch::zeros({config_.n_routed_experts}, expert_of.options())
                              .scatter_add_(0, expert_of, torch::ones_like(expert_of));
-  if (is_training()) {
+  const bool first_pass = is_training() && !recomputing();  // a rerun in the backward pass counts nothing again
+  if (first_pass) {
     torch::NoGradGuard no_grad;
     load_ += counts.to(load_.scalar_type());
   }
@@ -136,7 +138,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   out = out.view({batch, seq, hidden});
   if (is_training() && config_.aux_loss_alpha > 0) {
     const torch::Tensor balance = sequence_balance_loss(routing, batch, config_);
-    {
+    if (first_pass) {
       torch::NoGradGuard no_grad;
       balance_loss_ += balance.detach().to(balance_loss_.scalar_type());
     }

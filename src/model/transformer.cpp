@@ -38,7 +38,15 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
 }
 
 torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
-  for (DecoderLayer& layer : layers_) h = layer(h, rope_);
+  const bool full = recompute_.mode == Recompute::kFull;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    DecoderLayer layer = layers_[i];
+    // A layer whose input needs no gradient would give its parameters none through a rerun.
+    if (full && h.requires_grad() && (recompute_.layers == 0 || static_cast<int64_t>(i) < recompute_.layers))
+      h = recompute_in_backward([this, layer](const torch::Tensor& x) mutable { return layer->forward(x, rope_); }, h);
+    else
+      h = layer(h, rope_);
+  }
   return slice_.has_head ? norm_(h) : h;
 }
 

@@ -48,6 +48,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
     if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
     cast_parameters(*model, dtype);
+    model->set_recompute({recompute_named(c.loop.recompute), c.loop.recompute_layers});
     chunks.push_back(model);
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);

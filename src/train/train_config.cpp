@@ -35,6 +35,11 @@ void add_loop_options(OptionTable& t) {
   t.add("train.cuda_kernels", OptionKind::kBool, "true",
         "dstrain's own fused CUDA kernels (LM loss softmax, SwiGLU, RoPE) on GPUs where built; "
         "false: LibTorch's operations");
+  t.add("train.recompute", OptionKind::kString, "none",
+        "activations rerun in the backward pass instead of kept: none, or full (a decoder layer keeps only its "
+        "input)");
+  t.add("train.recompute_layers", OptionKind::kInt, "0",
+        "train.recompute = full: the first N decoder layers of each model chunk rerun (0: all of them)");
   t.add("train.peak_tflops", OptionKind::kFloat, "0",
         "peak TFLOP/s of one device for MFU (0: known A100/H100/H200 figures; no MFU otherwise)");
 }
@@ -91,6 +96,8 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
+  c.recompute = o.get_choice("train.recompute", {"none", "full"});
+  c.recompute_layers = o.get_int("train.recompute_layers", 0);
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +

@@ -9,6 +9,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/step_memory.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/data/mixture.h"
@@ -76,12 +77,13 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;  // on the stages that need tokens (first, last)
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<StepReport> report_;
+  accel::StepMemoryMeter step_memory_;
 };
 
 Trainer::Trainer(Job& job, const std::string& config_text, const std::string& resume, const std::string& weights)
     : config_(job.config), parallel_(*job.parallel), placement_(job.placement), config_text_(config_text),
       train_data_(open_mixture(job.config.data.train, "data.train")),
-      guards_(job.config, *job.parallel, job.placement.device) {
+      guards_(job.config, *job.parallel, job.placement.device), step_memory_(job.placement.device) {
   const TrainConfig& c = config_;
   const torch::Device device = placement_.device;
   std::shared_ptr<const CorpusReader> valid;
@@ -174,7 +176,10 @@ StepResult Trainer::train_step_checked(int64_t step) {
     // Without host synchronisation the host queues the next step's kernels while the GPU runs
     // this one's; the log step is where it waits.
     accel::HostSyncForbidden no_waiting(forbid_host_sync);
-    return train_step(step);
+    step_memory_.begin_step();
+    StepResult result = train_step(step);
+    step_memory_.end_step();
+    return result;
   } catch (const c10::Error& e) {
     // LibTorch's message says only that an operation synchronised; its backtrace says which.
     const bool waited = std::string(e.what()).find("synchronizing CUDA operation") != std::string::npos;
@@ -242,6 +247,7 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.tokens_per_s = report_->tokens_per_s();
   result.mfu = plan.peak_flops > 0 ? plan.flops_per_token * result.tokens_per_s / plan.peak_flops : 0.0;
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
+  result.peak_activation_bytes = step_memory_.peak_bytes();
   result.param_digest = state_->finish_model(config_.loop.steps);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);

@@ -24,6 +24,7 @@
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/multi_token_prediction.h"
+#include "dstrain/model/recompute.h"
 
 namespace dstrain {
 
@@ -49,9 +50,12 @@ class DecoderStackImpl : public torch::nn::Module {
   KvCache empty_cache(int64_t batch) const;  // room for max_seq_len positions
   const std::vector<DecoderLayer>& layers() const { return layers_; }
   const std::vector<MultiTokenPrediction>& mtp_modules() const { return mtp_; }
+  // Which of the slice's decoder layers rerun their forward pass in the backward pass (training).
+  void set_recompute(const RecomputePlan& plan) { recompute_ = plan; }
 
  private:
   LayerSlice slice_;
+  RecomputePlan recompute_;
   int64_t max_seq_len_;
   RopeTables rope_;
   torch::nn::Embedding embed_tokens_{nullptr};
@@ -90,6 +94,7 @@ class CausalLMImpl : public torch::nn::Module {
   KvCache empty_cache(int64_t batch) const { return model_->empty_cache(batch); }
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
+  void set_recompute(const RecomputePlan& plan) { model_->set_recompute(plan); }
   // The MoE layers of this slice with their global layer index (empty for a dense model).
   std::vector<std::pair<int64_t, MoE>> moe_layers() const;
 

@@ -19,6 +19,9 @@ struct TrainResult {
   double tokens_per_s = 0.0;
   double mfu = 0.0;               // 0 when the device's peak is unknown
   int64_t peak_memory_bytes = 0;  // GPU: the caching allocator's peak; CPU: peak resident memory
+  // The most a training step held in tensors above what it started with: its activations and
+  // temporaries (core/step_memory.h); 0 when no step ran.
+  int64_t peak_activation_bytes = 0;
   bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
 };
 
