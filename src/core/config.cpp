@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 
 namespace po = boost::program_options;
 
@@ -205,6 +208,37 @@ void parse_command_options(const std::vector<std::string>& args, const po::optio
   }
 }
 
+namespace {
+
+// The keys and values of an INI file. A directory, a missing file and a key given twice (which
+// of the two was meant?) are errors naming the file; a UTF-8 byte-order mark, which some editors
+// write, is skipped.
+std::map<std::string, std::string> read_config_file(const std::string& path,
+                                                    const po::options_description& description) {
+  if (files::is_directory(path)) throw config_error("--config", path, "a directory; give a configuration file (.ini)");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw config_error("--config", path, "cannot open this file for reading");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+  std::istringstream lines(text);
+  po::variables_map from_file;
+  try {
+    po::store(po::parse_config_file(lines, description, /*allow_unregistered=*/false), from_file);
+  } catch (const po::multiple_occurrences& e) {
+    std::string key = e.get_option_name();
+    key.erase(0, key.find_first_not_of('-'));
+    throw Error(ExitCode::kUsage,
+                path + ": " + key + " is given twice; keep one (on the command line the last one wins)");
+  } catch (const po::error& e) {
+    throw Error(ExitCode::kUsage, path + ": " + e.what() + " (see --help for the keys each section takes)");
+  }
+  std::map<std::string, std::string> values;
+  for (const auto& [key, value] : from_file) values[key] = value.as<std::string>();
+  return values;
+}
+
+}  // namespace
+
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
   po::options_description description = make_description(table);
   ParsedCommandLine parsed;
@@ -226,20 +260,9 @@ ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector
     throw Error(ExitCode::kUsage, std::string("command line: ") + e.what() +
                                       " (see --help for the options and their defaults)");
   }
-  if (!parsed.config_file.empty()) {
-    std::ifstream file(parsed.config_file);
-    if (!file)
-      throw config_error("--config", parsed.config_file, "cannot open this file for reading");
-    po::variables_map from_file;
-    try {
-      po::store(po::parse_config_file(file, description, /*allow_unregistered=*/false), from_file);
-    } catch (const po::error& e) {
-      throw Error(ExitCode::kUsage, parsed.config_file + ": " + e.what() +
-                                        " (see --help for the keys each section takes)");
-    }
-    for (const auto& [key, value] : from_file)
-      if (!given.count(key)) given[key] = value.as<std::string>();
-  }
+  if (!parsed.config_file.empty())
+    for (const auto& [key, value] : read_config_file(parsed.config_file, description))
+      if (!given.count(key)) given[key] = value;
   std::map<std::string, std::string> values;
   for (const OptionSpec& spec : table.specs()) {
     auto it = given.find(spec.key);

@@ -110,3 +110,21 @@ TEST_F(ConfigTest, HelpListsEveryOptionWithDefault) {
   }
   EXPECT_NE(help.find("--train.steps N (=100)"), std::string::npos);
 }
+
+TEST_F(ConfigTest, ConfigFileProblemsNameTheFile) {
+  // A directory is no configuration: it used to read as an empty file, training the defaults.
+  expect_error([&] { parse_command_line(table, {"--config", dir.path("")}); }, ExitCode::kUsage,
+               {"--config", "a directory"});
+  // A key given twice in one file: which was meant?
+  dir.write("twice.ini", "[model]\nhidden_size = 64\nhidden_size = 128\n");
+  expect_error([&] { parse_command_line(table, {"--config", dir.path("twice.ini")}); }, ExitCode::kUsage,
+               {"twice.ini", "model.hidden_size is given twice"});
+  // On the command line the last one wins.
+  EXPECT_EQ(parse({"--model.hidden_size", "96", "--model.hidden_size", "128"}).get_int("model.hidden_size", 1), 128);
+}
+
+TEST_F(ConfigTest, AByteOrderMarkIsSkipped) {
+  dir.write("bom.ini", "\xEF\xBB\xBF[model]\nhidden_size = 96\n");
+  const Options options = parse_command_line(table, {"--config", dir.path("bom.ini")}).options;
+  EXPECT_EQ(options.get_int("model.hidden_size", 1), 96);
+}
