@@ -71,9 +71,8 @@ std::vector<LayerSlice> partition_layers(const ModelConfig& model, int64_t seq_l
     return slices_from_counts(counts);
   }
   if (stages > model.num_layers)
-    throw config_error("parallel.pp", std::to_string(stages),
-                       "more pipeline stages (pp × virtual_stages = " + std::to_string(stages) +
-                           ") than model.num_layers = " + std::to_string(model.num_layers) +
+    throw config_error("parallel.pp × parallel.virtual_stages", std::to_string(stages),
+                       "more pipeline stages than model.num_layers = " + std::to_string(model.num_layers) +
                            "; every stage needs at least one layer");
   // The last stage also computes the multi-token prediction modules.
   const double head = (head_training_flops_per_token(model) + mtp_training_flops_per_token(model, seq_len)) /

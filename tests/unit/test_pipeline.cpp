@@ -163,3 +163,11 @@ TEST(PipelinePartition, BalancesLayersWithTheHeadCounted) {
                {"parallel.stage_layers = 10,5", "adding up to model.num_layers = 16"});
   expect_error([&] { partition_layers(m, 2048, 17, {}); }, ExitCode::kUsage, {"more pipeline stages"});
 }
+
+// The message names what the number is: 2 stages × 2 chunks are 4 virtual stages, not pp = 4.
+TEST(PipelinePartition, TooManyStagesNamesBothSettings) {
+  ModelConfig m;
+  m.num_layers = 3;
+  expect_error([&] { partition_layers(m, 64, 4, {}); }, ExitCode::kUsage,
+               {"parallel.pp × parallel.virtual_stages = 4", "model.num_layers = 3"});
+}
