@@ -108,7 +108,8 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
 
 int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
   PrepOptions options;
-  int64_t threads = 0;  // read signed: Boost takes "-1" for 4294967295 as an unsigned
+  // Read signed: Boost takes "-1" for an unsigned's largest value.
+  int64_t threads = 0, memory_limit_mb = 1024, seed = 0;
   // Wide lines: Boost wraps by bytes, and would cut the UTF-8 of DeepSeek's token names in two.
   po::options_description description("dstrain prep options", /*line_length=*/200, /*min_description_length=*/100);
   description.add_options()
@@ -127,14 +128,19 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
       ("threads", po::value<int64_t>(&threads)->default_value(0),
        "tokenizing threads per process (0: one per core)")
       ("shuffle", po::bool_switch(&options.shuffle), "shuffle the documents of each split")
-      ("seed", po::value<uint64_t>(&options.seed)->default_value(0), "seed of --shuffle")
-      ("memory-limit", po::value<uint64_t>(&options.memory_limit_mb)->default_value(1024),
+      ("seed", po::value<int64_t>(&seed)->default_value(0), "seed of --shuffle")
+      ("memory-limit", po::value<int64_t>(&memory_limit_mb)->default_value(1024),
        "MB of text and tokens in flight per process (inputs of any size stream through it)");
   po::variables_map given;
   parse_command_options(args, description, &given, "prep");
   if (threads < 0 || threads > 1024)
     throw config_error("--threads", std::to_string(threads), "0 (one per core) to 1024");
   options.threads = static_cast<unsigned>(threads);
+  if (memory_limit_mb < 16 || memory_limit_mb > (int64_t{1} << 40))
+    throw config_error("--memory-limit", std::to_string(memory_limit_mb), "16 to 2^40 (MB)");
+  options.memory_limit_mb = static_cast<uint64_t>(memory_limit_mb);
+  if (seed < 0) throw config_error("--seed", std::to_string(seed), "0 or more");
+  options.seed = static_cast<uint64_t>(seed);
   if (given.count("help")) {
     std::cout << "usage: [mpirun -np N] dstrain prep --input FILE... --output corpus.h5 [--tokenizer tokenizer.json]\n"
                  "       [--valid-fraction F] [--shuffle] [--threads T] [--memory-limit MB]\n\n"

@@ -63,6 +63,9 @@ TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
       {{"--input", text, "--output", dir + "/out.h5", "--valid-fraction", "0.1", "--valid-output", text}, 2,
        "--valid-output = " + text + ": is also an input file"},
       {{"--input", text, "--output", dir + "/out.h5", "--threads", "-1"}, 2, "--threads = -1: 0 (one per core) to 1024"},
+      // Boost read a negative number for an unsigned option as its largest value.
+      {{"--input", text, "--output", dir + "/out.h5", "--memory-limit", "-1"}, 2, "--memory-limit = -1: 16 to 2^40 (MB)"},
+      {{"--input", text, "--output", dir + "/out.h5", "--seed", "-3"}, 2, "--seed = -3: 0 or more"},
       {{"--input", test_corpus().train, "--output", dir + "/out.h5"}, 3,
        test_corpus().train + ": an HDF5 file (a corpus?), not text or JSONL to tokenize"},
       {{"--inpu", text, "--output", dir + "/out.h5"}, 2, "unrecognised option '--inpu'"},
