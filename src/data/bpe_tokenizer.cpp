@@ -9,6 +9,7 @@
 #include <optional>
 #include <queue>
 #include <sstream>
+#include <unordered_map>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
@@ -188,8 +189,13 @@ uint32_t read_id(const json& id, const std::string& where, const std::string& fi
 // model.vocab into `vocab`; returns its largest id.
 uint32_t read_vocab(const json& model, const std::string& where, Vocabulary* vocab) {
   uint32_t max_id = 0;
+  std::unordered_map<uint32_t, std::string> token_of;  // two tokens of one id would decode alike
   for (const auto& [token, id] : model.at("vocab").items()) {
     const uint32_t value = read_id(id, where, "model.vocab '" + token + "'");
+    const auto [other, fresh] = token_of.emplace(value, token);
+    if (!fresh)
+      throw field_error(where, "model.vocab", "'" + other->second + "' and '" + token + "' both have id " +
+                                                 std::to_string(value));
     (*vocab)[token] = value;
     max_id = std::max(max_id, value);
   }

@@ -244,6 +244,14 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
                {"--tokenizer", "/nonexistent/tokenizer.json"});
 }
 
+// Two tokens with one id would decode alike and make the ids ambiguous.
+TEST(BpeTokenizer, TwoTokensWithOneIdAreRefused) {
+  json bad = small_tokenizer({{"h", "e"}}, gpt2_pre_tokenizer());
+  bad["model"]["vocab"]["duplicate"] = bad["model"]["vocab"]["a"];
+  expect_error([&] { load(bad); }, ExitCode::kUsage,
+               {"test.json", "model.vocab", "both have id " + std::to_string(bad["model"]["vocab"]["a"].get<int>())});
+}
+
 // Shapes of real files that Hugging Face's tokenizers loads, encoded as it encodes them.
 TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
   const auto& chars = byte_level::byte_to_chars();
