@@ -39,6 +39,7 @@ nlohmann::json comm(const Options& o) {
   // Every rank in one data-parallel group, on the configured device and backend.
   const Job job = start_job([&](int world_size, int) {
     TrainConfig c;
+    c.loop.threads = torch::get_num_threads();  // LibTorch's own choice: these benchmarks compute nothing
     c.loop.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
     c.comm.backend = o.get_choice("comm.backend", {"auto", "mpi", "nccl"});
     c.comm.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);

@@ -27,6 +27,7 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   // Every rank in one data-parallel group on the CPU: checkpoints are written from host memory.
   Job job = start_job([](int world_size, int) {
     TrainConfig c;
+    c.loop.threads = torch::get_num_threads();  // LibTorch's own choice: these benchmarks compute nothing
     c.loop.device = "cpu";
     c.comm.backend = "mpi";
     c.parallel.dp = world_size;

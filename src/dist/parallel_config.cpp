@@ -62,7 +62,7 @@ ParallelConfig read_parallel_config(Options& o, int world_size) {
   }
   c.dp = static_cast<int>(dp);
   c.order = o.get_string("parallel.order");
-  RankGrid(world_size, c.order, {{"dp", c.dp}, {"pp", c.pp}});  // validates dp × pp = world and the order
+  RankGrid(world_size, c.dp, c.pp, c.order);  // validates dp × pp = world and the order
   return c;
 }
 

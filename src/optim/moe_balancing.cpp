@@ -28,7 +28,8 @@ void MoeBalancing::after_step(const torch::Tensor& skipped) {
 std::vector<std::pair<std::string, torch::Tensor>> MoeBalancing::step_values() const {
   if (!reports_balance_loss_) return {};
   // A stage without MoE layers reports 0, so that every stage sends the same values.
-  return {{"balance_loss", balance_loss_.defined() ? balance_loss_ : torch::zeros({}, torch::dtype(torch::kFloat32).device(device_))}};
+  const torch::Tensor none = torch::zeros({}, torch::dtype(torch::kFloat32).device(device_));
+  return {{"balance_loss", balance_loss_.defined() ? balance_loss_ : none}};
 }
 
 std::vector<std::pair<int64_t, double>> MoeBalancing::expert_balance() const {

@@ -32,10 +32,11 @@ RunPlan run_plan(const TrainConfig& c, const ParallelContext& parallel, const De
   return {training_flops_per_token(c.model, c.loop.seq_len), peak * 1e12 * parallel.grid.world()};
 }
 
-void log_run_plan(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement,
-                  const RankStage& stage, const AdamW& optimizer, bool sharded, const Mixture& train_data) {
+void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelContext& parallel,
+                  const DevicePlacement& placement, const RankStage& stage, const AdamW& optimizer, bool sharded,
+                  const Mixture& train_data) {
   char flops[32];
-  std::snprintf(flops, sizeof flops, "%.3g", run_plan(c, parallel, placement).flops_per_token);
+  std::snprintf(flops, sizeof flops, "%.3g", plan.flops_per_token);
   log::info("model: ", with_commas(static_cast<double>(count_parameters(c.model).total)), " parameters, ", flops,
             " FLOP per token (training); ", c.loop.precision, " on ", placement.device.str(), " (", placement.name,
             "), comm ", parallel.dp_group->backend());

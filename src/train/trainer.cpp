@@ -72,6 +72,7 @@ class Trainer {
   std::vector<std::unique_ptr<PostStepHook>> post_step_hooks_;
   MoeBalancing* balancing_ = nullptr;  // MoE models: the balancing bias, among the hooks
   LrSchedule schedule_;
+  RunPlan plan_;
   StepGuards guards_;
   std::unique_ptr<TrainState> state_;
   std::unique_ptr<DataLoader> loader_;  // on the stages that need tokens (first, last)
@@ -112,6 +113,7 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
     post_step_hooks_.push_back(std::move(balancing));
   }
   schedule_ = {c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.decay_steps};
+  plan_ = run_plan(c, parallel_, placement_);
   state_ = std::make_unique<TrainState>(TrainStateParts{&c, config_text_, &train_data_, stage_.layers_per_virtual_stage(),
                                                         params_, optimizer_.get(), grads_.get(), guards_.loss_scaler()},
                                         parallel_);
@@ -124,10 +126,9 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
 }
 
 void Trainer::open_run_directory() {
-  const RunPlan plan = run_plan(config_, parallel_, placement_);
   report_ = std::make_unique<StepReport>(
       StepReportSettings{state_->start_step(), config_.loop.steps, config_.log.interval, config_.loop.global_batch,
-                         config_.loop.seq_len, plan.flops_per_token, plan.peak_flops, placement_.device, schedule_},
+                         config_.loop.seq_len, plan_.flops_per_token, plan_.peak_flops, placement_.device, schedule_},
       parallel_);
   if (parallel_.grid.pp() > 1) report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
@@ -197,7 +198,7 @@ void Trainer::save_checkpoint(int64_t step) {
 
 TrainResult Trainer::run() {
   const int64_t steps = config_.loop.steps;
-  log_run_plan(config_, parallel_, placement_, stage_, *optimizer_, grads_->sharded(), train_data_);
+  log_run_plan(config_, plan_, parallel_, placement_, stage_, *optimizer_, grads_->sharded(), train_data_);
   TrainResult result;
   if (state_->start_step() >= steps) {
     // A requeued job whose run had already finished: the run directory stays as it was.
@@ -206,6 +207,7 @@ TrainResult Trainer::run() {
     return result;
   }
   const Clock::time_point start = Clock::now();
+  report_->start();
   ProgressLine progress(state_->start_step(), steps, static_cast<double>(config_.loop.global_batch * config_.loop.seq_len));
   for (int64_t step = state_->start_step() + 1; step <= steps; ++step) {
     guards_.inject_fault(step);
@@ -231,6 +233,7 @@ TrainResult Trainer::run() {
                 " after step ", step, ": checkpoint written; resubmit the job to continue (exit code 75)");
       result.requeue = true;
       result.steps = step;
+      result.final_loss = report_->final_loss();
       return result;
     }
     if (state_->save_due(step)) report_->untimed(step, [&] { save_checkpoint(step); });
@@ -241,7 +244,8 @@ TrainResult Trainer::run() {
 
 TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   state_->finish();
-  const RunPlan plan = run_plan(config_, parallel_, placement_);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();  // the steps, not the end
+  const RunPlan& plan = plan_;
   result.steps = config_.loop.steps;
   result.final_loss = report_->final_loss();
   result.tokens_per_s = report_->tokens_per_s();
@@ -249,7 +253,6 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
   result.peak_activation_bytes = step_memory_.peak_bytes();
   result.param_digest = state_->finish_model(config_.loop.steps);
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);
   return result;
 }
@@ -261,11 +264,12 @@ TrainResult run_training(Options options) {
   Job job = start_job([&](int world_size, int world_rank) {
     TrainConfig config = read_train_config(options, world_size);
     log::configure(world_rank, world_size, config.log.all_ranks);
+    // Before the communicators: a set-up that fails comes after the configuration it failed with.
+    log::info("dstrain ", DSTRAIN_VERSION, ": ", world_size, " rank(s), dp ", config.parallel.dp, " × pp ",
+              config.parallel.pp, "\neffective configuration:\n", options.to_ini());
     return config;
   });
   const std::string config_text = options.to_ini();
-  log::info("dstrain ", DSTRAIN_VERSION, ": ", job.world_size, " rank(s), dp ", job.config.parallel.dp, " × pp ",
-            job.config.parallel.pp, "\neffective configuration:\n", config_text);
   // A start that fails removes the directories it made (a mistyped corpus leaves no run behind).
   std::vector<std::string> made_directories;
   std::unique_ptr<Trainer> trainer;

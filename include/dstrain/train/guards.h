@@ -17,6 +17,8 @@ namespace dstrain {
 class StepGuards {
  public:
   StepGuards(const TrainConfig& config, ParallelContext& parallel, const torch::Device& device);
+  StepGuards(const StepGuards&) = delete;  // loss_scale_fields() holds on to this one
+  StepGuards& operator=(const StepGuards&) = delete;
   // A resumed run: the first check covers the steps after `step`.
   void continue_after(int64_t step) { last_checked_step_ = step; }
 

@@ -19,7 +19,8 @@ struct RunPlan {
 RunPlan run_plan(const TrainConfig& config, const ParallelContext& parallel, const DevicePlacement& placement);
 
 // The start-up report's lines (the reporting rank prints them).
-void log_run_plan(const TrainConfig& config, const ParallelContext& parallel, const DevicePlacement& placement,
-                  const RankStage& stage, const AdamW& optimizer, bool sharded, const Mixture& train_data);
+void log_run_plan(const TrainConfig& config, const RunPlan& plan, const ParallelContext& parallel,
+                  const DevicePlacement& placement, const RankStage& stage, const AdamW& optimizer, bool sharded,
+                  const Mixture& train_data);
 
 }  // namespace dstrain

@@ -63,6 +63,8 @@ class StepReport {
   // Called at every log step, on every rank in the same order (a source may be collective).
   void add_field_source(FieldSource source) { sources_.push_back(std::move(source)); }
 
+  // The first step begins: the first interval is timed from here.
+  void start() { interval_ = Interval{}; }
   void add(const StepResult& step);
   bool due(int64_t step) const { return step % settings_.log_interval == 0 || step == settings_.total_steps; }
   // The log step: the interval's means summed over the stages, averaged over the data-parallel
