@@ -2,6 +2,7 @@
 
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -68,8 +69,27 @@ HostSyncExpected::~HostSyncExpected() {
   c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(previous_mode_));
 }
 // Index 0 of each statistic array is the aggregate over every pool.
+namespace {
+// The peak of each GPU before the last restart of its statistic (begin_device_peak_window).
+int64_t run_peak_before_window[64] = {};
+}  // namespace
+
 int64_t peak_allocated_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return host_peak_resident_bytes();
+  return std::max(run_peak_before_window[device.index()],
+                  c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak);
+}
+int64_t begin_device_peak_window(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  namespace allocator = c10::cuda::CUDACachingAllocator;
+  const auto stats = allocator::getDeviceStats(device.index()).allocated_bytes[0];  // [0]: every pool
+  int64_t& run_peak = run_peak_before_window[device.index()];
+  run_peak = std::max(run_peak, stats.peak);
+  allocator::resetPeakStats(device.index());
+  return stats.current;
+}
+int64_t device_peak_window_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
   return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
 }
 #else
@@ -83,6 +103,8 @@ HostSyncForbidden::~HostSyncForbidden() = default;
 HostSyncExpected::HostSyncExpected() = default;
 HostSyncExpected::~HostSyncExpected() = default;
 int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
+int64_t begin_device_peak_window(const torch::Device&) { return 0; }
+int64_t device_peak_window_bytes(const torch::Device&) { return 0; }
 #endif
 
 Timestamp Timestamp::now(const torch::Device& device) {

@@ -1,59 +1,111 @@
 #include "dstrain/core/step_memory.h"
 
-#include <c10/core/Allocator.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
 
-#ifdef DSTRAIN_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
+#include "dstrain/core/accelerator.h"
 
 namespace dstrain::accel {
+namespace {
 
-// Receives what LibTorch's CPU allocator reports to a memory profiler: every allocation and free
-// of this thread, with its size (negative for a free).
-class StepMemoryMeter::CpuCounter : public c10::MemoryReportingInfoBase {
+// Counts the bytes of the CPU tensors it allocates, forwarding to the allocator it replaced. Its
+// data pointers are their own context, so that raw_allocate works as with LibTorch's (oneDNN
+// allocates through it); the sizes wait in a table for the frees. LibTorch's Allocator interface
+// differs between versions (allocate became non-const and copy_data appeared in 2.x): the
+// overloads below fit either, each overriding the one its base declares.
+class CountingCpuAllocator final : public c10::Allocator {
  public:
-  void reportMemoryUsage(void*, int64_t bytes, int64_t, int64_t, c10::Device device) override {
-    if (device.type() != c10::DeviceType::CPU) return;
-    current += bytes;
-    peak = std::max(peak, current);
-  }
-  bool memoryProfilingEnabled() const override { return true; }
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner), inner_delete_(inner->raw_deleter()) {}
 
-  int64_t current = 0, peak = 0;  // relative to the step's start
+  c10::DataPtr allocate(size_t bytes) const { return counted(bytes); }
+  c10::DataPtr allocate(size_t bytes) { return counted(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  int64_t current() const { return current_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(current_.load()); }
+
+  static CountingCpuAllocator* installed;  // the one instance, once installed
+
+ private:
+  static void release(void* data) {
+    CountingCpuAllocator& self = *installed;
+    {
+      std::lock_guard<std::mutex> lock(self.mutex_);
+      const auto held = self.sizes_.find(data);
+      if (held != self.sizes_.end()) {
+        self.current_ -= held->second;
+        self.sizes_.erase(held);
+      }
+    }
+    self.inner_delete_(data);
+  }
+
+  c10::DataPtr counted(size_t bytes) const {
+    void* data = inner_->raw_allocate(bytes);
+    int64_t now;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[data] = static_cast<int64_t>(bytes);
+      now = current_ += static_cast<int64_t>(bytes);
+    }
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::Allocator* inner_;
+  c10::DeleterFnPtr inner_delete_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, int64_t> sizes_;
+  mutable std::atomic<int64_t> current_{0}, peak_{0};
 };
 
-StepMemoryMeter::StepMemoryMeter(const torch::Device& device) : device_(device) {
-  if (!device.is_cuda()) counter_ = std::make_shared<CpuCounter>();
+CountingCpuAllocator* CountingCpuAllocator::installed = nullptr;
+
+// Installed once, for the rest of the process: tensors it allocated may outlive any meter. Null
+// where LibTorch's CPU allocator has no raw deleter to forward frees to (nothing is counted then).
+CountingCpuAllocator* cpu_counter() {
+  static CountingCpuAllocator* counter = []() -> CountingCpuAllocator* {
+    c10::Allocator* inner = c10::GetCPUAllocator();
+    if (inner->raw_deleter() == nullptr) return nullptr;
+    CountingCpuAllocator::installed = new CountingCpuAllocator(inner);
+    c10::SetCPUAllocator(CountingCpuAllocator::installed, /*priority=*/std::numeric_limits<uint8_t>::max());
+    return CountingCpuAllocator::installed;
+  }();
+  return counter;
 }
 
-StepMemoryMeter::~StepMemoryMeter() = default;
+}  // namespace
+
+StepMemoryMeter::StepMemoryMeter(const torch::Device& device) : device_(device) {
+  if (!device.is_cuda()) cpu_counter();
+}
 
 void StepMemoryMeter::begin_step() {
-#ifdef DSTRAIN_WITH_CUDA
   if (device_.is_cuda()) {
-    namespace allocator = c10::cuda::CUDACachingAllocator;
-    start_ = allocator::getDeviceStats(device_.index()).allocated_bytes[0].current;  // [0]: every pool
-    allocator::resetPeakStats(device_.index());
-    return;
+    start_ = begin_device_peak_window(device_);
+  } else if (CountingCpuAllocator* counter = cpu_counter()) {
+    counter->reset_peak();
+    start_ = counter->current();
   }
-#endif
-  counter_->current = counter_->peak = 0;
-  reporting_ = std::make_shared<c10::DebugInfoGuard>(c10::DebugInfoKind::PROFILER_STATE, counter_);
 }
 
 void StepMemoryMeter::end_step() {
-#ifdef DSTRAIN_WITH_CUDA
-  if (device_.is_cuda()) {
-    const int64_t peak = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0].peak;
-    peak_ = std::max(peak_, peak - start_);
-    return;
-  }
-#endif
-  reporting_.reset();
-  peak_ = std::max(peak_, counter_->peak);
+  int64_t peak = start_;
+  if (device_.is_cuda())
+    peak = device_peak_window_bytes(device_);
+  else if (const CountingCpuAllocator* counter = cpu_counter())
+    peak = counter->peak();
+  peak_ = std::max(peak_, peak - start_);
 }
 
 }  // namespace dstrain::accel

@@ -3,12 +3,25 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <stdexcept>
+#include "dstrain/core/error.h"
+
 
 namespace dstrain {
 namespace {
 
 thread_local bool rerunning = false;
+
+// Marks this thread as rerunning a part while it lives (parts may nest).
+class Rerun {
+ public:
+  Rerun() : outer_(rerunning) { rerunning = true; }
+  ~Rerun() { rerunning = outer_; }
+  Rerun(const Rerun&) = delete;
+  Rerun& operator=(const Rerun&) = delete;
+
+ private:
+  bool outer_;
+};
 
 // The part to rerun, kept in the autograd node (an autograd context holds no std::function).
 struct Part : torch::CustomClassHolder {
@@ -38,16 +51,10 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     torch::Tensor output;
     {
       torch::AutoGradMode with_gradients(true);
-      const bool outer = rerunning;
-      rerunning = true;
-      try {
-        output = part->run(input);
-      } catch (...) {
-        rerunning = outer;
-        throw;
-      }
-      rerunning = outer;
+      Rerun marked;
+      output = part->run(input);
     }
+    // Outside the scopes above: the parameters' gradients accumulate as in any backward pass.
     torch::autograd::backward({output}, {grads[0]});
     return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};  // (nothing for the part)
   }
@@ -57,14 +64,13 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 
 Recompute recompute_named(const std::string& name) {
   if (name == "none") return Recompute::kNone;
-  if (name == "selective") return Recompute::kSelective;
   if (name == "full") return Recompute::kFull;
-  throw std::invalid_argument("train.recompute: " + name);
+  throw config_error("train.recompute", name, "expected none or full");
 }
 
 torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
                                     const torch::Tensor& input) {
-  if (!torch::GradMode::is_enabled()) return part(input);
+  if (!torch::GradMode::is_enabled() || !input.requires_grad()) return part(input);
   return RecomputeFunction::apply(input, c10::make_intrusive<Part>(part));
 }
 

@@ -41,8 +41,7 @@ torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
   const bool full = recompute_.mode == Recompute::kFull;
   for (size_t i = 0; i < layers_.size(); ++i) {
     DecoderLayer layer = layers_[i];
-    // A layer whose input needs no gradient would give its parameters none through a rerun.
-    if (full && h.requires_grad() && (recompute_.layers == 0 || static_cast<int64_t>(i) < recompute_.layers))
+    if (full && (recompute_.layers == 0 || static_cast<int64_t>(i) < recompute_.layers))
       h = recompute_in_backward([this, layer](const torch::Tensor& x) mutable { return layer->forward(x, rope_); }, h);
     else
       h = layer(h, rope_);

@@ -98,6 +98,9 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
   c.recompute = o.get_choice("train.recompute", {"none", "full"});
   c.recompute_layers = o.get_int("train.recompute_layers", 0);
+  if (c.recompute_layers > 0 && c.recompute == "none")
+    throw config_error("train.recompute_layers", o.raw("train.recompute_layers"),
+                       "recomputes nothing with train.recompute = none; set train.recompute = full");
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +

@@ -60,6 +60,12 @@ class HostSyncExpected {
 // (libraries and the rest of the process included).
 int64_t peak_allocated_bytes(const torch::Device& device);
 
+// A GPU's peak of tensor bytes over a window (a training step): begin returns the bytes held now
+// and restarts the allocator's peak statistic, keeping the run's peak for peak_allocated_bytes;
+// the window's peak is then read without waiting for the GPU. 0 on the CPU.
+int64_t begin_device_peak_window(const torch::Device& device);
+int64_t device_peak_window_bytes(const torch::Device& device);
+
 // A point in the work queued on a device, to measure intervals of it without waiting for it: on a
 // GPU a CUDA event (it takes its time when the kernels queued before it have run), on the CPU,
 // where work is done when it is queued, the host clock.

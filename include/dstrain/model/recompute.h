@@ -16,11 +16,10 @@
 
 namespace dstrain {
 
-// none: every activation kept; selective: DeepSeek-V3's choice, the cheap parts (RMSNorm outputs,
-// MLA's up-projections, the SwiGLU activations of the MLP and the experts) rerun; full: each
-// decoder layer keeps only its input.
-enum class Recompute { kNone, kSelective, kFull };
-Recompute recompute_named(const std::string& name);  // "none" | "selective" | "full"
+// none: every activation kept; full: each decoder layer keeps only its input.
+enum class Recompute { kNone, kFull };
+// "none" | "full"; throws Error(kUsage) naming train.recompute otherwise.
+Recompute recompute_named(const std::string& name);
 
 struct RecomputePlan {
   Recompute mode = Recompute::kNone;
@@ -29,7 +28,8 @@ struct RecomputePlan {
 
 // `part(input)` without keeping its intermediate tensors: the backward pass reruns it on the kept
 // `input` with gradients on and back-propagates through the rerun (into its parameters, whose
-// gradients accumulate as usual, and into `input`). Without gradients (evaluation), just part(input).
+// gradients accumulate as usual, and into `input`). Without gradients (evaluation), or when
+// `input` needs none (its parameters would get none through the rerun), just part(input).
 torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
                                     const torch::Tensor& input);
 

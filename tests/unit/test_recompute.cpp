@@ -1,0 +1,85 @@
+// The recomputation function (model/recompute.h) against the same part run once: bitwise equal
+// gradients of the input and the parameters, the rerun marked as such, and MoE's per-pass counts
+// made once per forward pass.
+#include <gtest/gtest.h>
+
+#include "dstrain/model/moe.h"
+#include "dstrain/model/recompute.h"
+
+using namespace dstrain;
+
+namespace {
+
+// Two linear maps with a nonlinearity: a part with parameters and an input used twice.
+struct Part {
+  torch::nn::Linear first{torch::nn::LinearOptions(6, 8).bias(false)};
+  torch::nn::Linear second{torch::nn::LinearOptions(8, 6).bias(false)};
+  std::vector<bool> marked;  // recomputing() at each run
+  torch::Tensor operator()(const torch::Tensor& x) {
+    marked.push_back(recomputing());
+    return x + second(torch::tanh(first(x)));
+  }
+};
+
+}  // namespace
+
+TEST(Recompute, GradientsEqualThoseOfThePartRunOnce) {
+  torch::manual_seed(3);
+  Part part;
+  const torch::Tensor source = torch::randn({4, 5, 6});
+  const torch::Tensor upstream = torch::randn({4, 5, 6});
+
+  torch::Tensor x = source.clone().requires_grad_(true);
+  part(x).backward(upstream);
+  const torch::Tensor x_grad = x.grad().clone(), w_grad = part.first->weight.grad().clone();
+  part.first->weight.mutable_grad().reset();
+  part.second->weight.mutable_grad().reset();
+
+  torch::Tensor y = source.clone().requires_grad_(true);
+  torch::Tensor out = recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, y);
+  EXPECT_FALSE(recomputing());
+  out.backward(upstream);
+  EXPECT_TRUE(torch::equal(y.grad(), x_grad));
+  EXPECT_TRUE(torch::equal(part.first->weight.grad(), w_grad));
+  // Run once plainly, once as the first pass, once as the rerun.
+  EXPECT_EQ(part.marked, (std::vector<bool>{false, false, true}));
+}
+
+TEST(Recompute, WithoutGradientsThePartJustRuns) {
+  Part part;
+  const torch::Tensor x = torch::randn({2, 3, 6});
+  {
+    torch::NoGradGuard no_grad;  // evaluation
+    EXPECT_TRUE(torch::equal(recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, x), part(x)));
+  }
+  // An input that needs no gradient: the parameters still get theirs.
+  recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, x).sum().backward();
+  ASSERT_TRUE(part.first->weight.grad().defined());
+  EXPECT_GT(part.first->weight.grad().abs().sum().item<double>(), 0.0);
+}
+
+TEST(Recompute, MoECountsExpertLoadsOncePerForwardPass) {
+  ModelConfig c;
+  c.hidden_size = 8;
+  c.n_routed_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 4;
+  c.n_shared_experts = 1;
+  c.scoring_func = "sigmoid";
+  c.topk_method = "noaux_tc";
+  c.aux_loss_alpha = 0.01;
+  torch::manual_seed(5);
+  MoE plain(c), rerun(c);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : plain->named_parameters()) rerun->named_parameters()[item.key()].copy_(item.value());
+  }
+  const torch::Tensor x = torch::randn({2, 5, 8});
+  torch::Tensor a = x.clone().requires_grad_(true), b = x.clone().requires_grad_(true);
+  plain(a).sum().backward();
+  recompute_in_backward([&](const torch::Tensor& in) { return rerun(in); }, b).sum().backward();
+  EXPECT_TRUE(torch::equal(plain->expert_load(), rerun->expert_load()));
+  EXPECT_EQ(plain->expert_load().sum().item<double>(), 2 * 5 * 2);  // tokens × experts per token
+  EXPECT_TRUE(torch::equal(plain->balance_loss(), rerun->balance_loss()));
+  EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
+}
