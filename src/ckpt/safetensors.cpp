@@ -102,6 +102,36 @@ const char* safetensors_dtype_name(torch::ScalarType dtype) {
   }
 }
 
+namespace {
+
+// As the format's reference implementation checks: the tensors tile the data exactly, in the
+// order of their offsets, from its first byte to its last; no hole, no overlap, nothing after.
+// (A header length off by one, its JSON still whole, would otherwise shift every tensor.)
+void check_tiling(const std::string& path, const std::vector<SafetensorsEntry>& entries, uint64_t buffer_bytes) {
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const SafetensorsEntry& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered)
+      throw Error(kCode, path + ": tensors " + previous->name + " and " + e->name + " overlap in the data (offsets " +
+                             std::to_string(covered) + " and " + std::to_string(e->begin) + ")");
+    if (e->begin > covered)
+      throw Error(kCode, path + ": bytes " + std::to_string(covered) + " to " + std::to_string(e->begin) +
+                             " of the data, before tensor " + e->name + ", belong to no tensor (a damaged header?)");
+    covered = e->end;
+    previous = e;
+  }
+  if (covered != buffer_bytes)
+    throw Error(kCode, path + ": the tensors end at byte " + std::to_string(covered) + " of the data, which holds " +
+                           std::to_string(buffer_bytes) + " (a wrong header length, or bytes appended)");
+}
+
+}  // namespace
+
 uint64_t safetensors_bytes(const SafetensorsSpec& spec) {
   uint64_t count = 1;
   for (int64_t d : spec.shape) count *= static_cast<uint64_t>(d);
@@ -144,17 +174,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     }
     entries_.push_back(parse_entry(path, name, record, buffer_bytes));
   }
-  // No two tensors may share bytes.
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const SafetensorsEntry& e : entries_)
-    if (e.end > e.begin) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end)
-      throw Error(kCode, path + ": tensors " + by_offset[i - 1]->name + " and " + by_offset[i]->name +
-                             " overlap in the data (offsets " + std::to_string(by_offset[i - 1]->end) + " and " +
-                             std::to_string(by_offset[i]->begin) + ")");
+  check_tiling(path, entries_, buffer_bytes);
   std::sort(entries_.begin(), entries_.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
 }

@@ -171,6 +171,39 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
   expect_error([&] { SafetensorsReader r(dir.path("absent.safetensors")); }, code, {"absent.safetensors", "no such file"});
 }
 
+// The tensors must tile the data exactly, as the format's reference implementation demands: a
+// header length one short (the JSON still whole, its padding space cut) shifted every tensor by a
+// byte and imported without a word.
+TEST(Safetensors, TensorsMustTileTheDataExactly) {
+  TempDir dir;
+  const ExitCode code = ExitCode::kCheckpoint;
+  const std::string good = dir.path("good.safetensors");
+  write_safetensors(good, {{"x", torch::ones({3})}, {"y", torch::ones({2}).to(torch::kBFloat16)}}, {});
+  std::string bytes = file_bytes(good);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = length << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  ASSERT_EQ(bytes[8 + length - 1], ' ') << "the writer pads its header with spaces";
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>(((length - 1) >> (8 * i)) & 0xff);
+  const std::string short_header = dir.path("short-header.safetensors");
+  std::ofstream(short_header, std::ios::binary) << bytes;
+  expect_error([&] { SafetensorsReader r(short_header); }, code, {short_header, "the tensors end at byte", "header length"});
+
+  const std::string hole = dir.path("hole.safetensors");
+  write_raw(hole, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+            std::string(12, '\0'));
+  expect_error([&] { SafetensorsReader r(hole); }, code, {hole, "bytes 4 to 8", "before tensor b", "belong to no tensor"});
+
+  const std::string trailing = dir.path("trailing.safetensors");
+  write_raw(trailing, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(6, '\0'));
+  expect_error([&] { SafetensorsReader r(trailing); }, code, {trailing, "end at byte 4", "holds 6"});
+
+  // Zero-sized tensors tile too, at any offset within the data.
+  const std::string empty = dir.path("empty.safetensors");
+  write_raw(empty, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+            std::string(4, '\0'));
+  EXPECT_NO_THROW(SafetensorsReader r(empty));
+}
+
 // Shards of at most the given size in name order, the index as transformers writes it, and a
 // later export into the same directory that replaces the earlier one's files.
 TEST(HfWeights, ShardsWithIndexAndSingleFileRoundTrip) {
