@@ -19,6 +19,7 @@ namespace {
 
 const char* kDataUsage =
     "usage: dstrain data inspect FILE [--tokens N]   what a corpus holds: dstrain (.h5), llm.c (.bin), Megatron (.idx/.bin)\n"
+    "       dstrain data verify FILE                  read every token of a dstrain corpus: below its vocabulary?\n"
     "       dstrain data import --format llmc|megatron --input FILE... --output corpus.h5\n"
     "                           [--eod-id ID] [--vocab-size N] [--tokenizer-name NAME]\n";
 
@@ -80,6 +81,17 @@ int data_command(const std::vector<std::string>& args) {
     if (path.empty()) throw Error(ExitCode::kUsage, std::string("data inspect: give a corpus file\n") + kDataUsage);
     std::cout << inspect_corpus(path, tokens);
     return 0;
+  }
+  if (args[0] == "verify") {
+    if (args.size() == 2 && args[1] != "--help" && args[1] != "-h") {
+      std::cout << verify_corpus(args[1]);
+      return 0;
+    }
+    if (args.size() == 2) {
+      std::cout << kDataUsage;
+      return 0;
+    }
+    throw Error(ExitCode::kUsage, std::string("data verify: give one corpus file\n") + kDataUsage);
   }
   throw Error(ExitCode::kUsage, "data: unknown subcommand '" + args[0] + "'\n" + kDataUsage);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "dstrain/core/files.h"
 #include "dstrain/core/xxhash.h"
@@ -139,12 +140,18 @@ CorpusReader::CorpusReader(const std::string& path) {
       H5Tget_sign(type.get()) != H5T_SGN_NONE || H5Tget_size(type.get()) > 4)
     throw data_error(path + ": /tokens must be a 1-D dataset of uint16 or uint32");
   hsize_t n_tokens = 0;
-  H5Sget_simple_extent_dims(space.get(), &n_tokens, nullptr);
+  h5::check(H5Sget_simple_extent_dims(space.get(), &n_tokens, nullptr), kCode, path + ": /tokens");
   info_.n_tokens = n_tokens;
   std::vector<uint64_t> offsets = read_doc_offsets();
   if (offsets.empty() || offsets.front() != 0 || offsets.back() != n_tokens)
     throw data_error(path + ": /doc_offsets must start at 0 and end at the number of tokens (" +
                      std::to_string(n_tokens) + ")");
+  // A document that ends before it starts would give a negative length (and, unsigned, a huge one).
+  const auto backwards = std::adjacent_find(offsets.begin(), offsets.end(), std::greater<uint64_t>());
+  if (backwards != offsets.end())
+    throw data_error(path + ": /doc_offsets[" + std::to_string(backwards - offsets.begin() + 1) + "] = " +
+                     std::to_string(*(backwards + 1)) + " comes before the entry ahead of it (" +
+                     std::to_string(*backwards) + "): offsets must not decrease");
   info_.n_documents = offsets.size() - 1;
   if (info_.eod_id >= info_.vocab_size)
     throw data_error(path + ": eod_id " + std::to_string(info_.eod_id) + " is outside vocab_size " +
@@ -161,7 +168,7 @@ std::vector<uint64_t> CorpusReader::read_doc_offsets() const {
   if (H5Sget_simple_extent_ndims(space.get()) != 1)
     throw data_error(path + ": /doc_offsets must be 1-D");
   hsize_t n = 0;
-  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  h5::check(H5Sget_simple_extent_dims(space.get(), &n, nullptr), kCode, path + ": /doc_offsets");
   std::vector<uint64_t> offsets(n);
   if (n > 0)
     h5::check(H5Dread(dataset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()),

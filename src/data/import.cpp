@@ -84,6 +84,30 @@ CorpusInfo import_corpus(const ImportOptions& options) {
   }
 }
 
+std::string verify_corpus(const std::string& path) {
+  const CorpusReader corpus(path);  // checks the attributes and the document offsets
+  const CorpusInfo& info = corpus.info();
+  const std::vector<uint64_t> offsets = corpus.read_doc_offsets();
+  constexpr uint64_t kChunk = uint64_t{1} << 20;  // tokens read at once
+  std::vector<uint32_t> tokens(static_cast<size_t>(std::min(kChunk, info.n_tokens)));
+  for (uint64_t start = 0; start < info.n_tokens; start += kChunk) {
+    const uint64_t n = std::min(kChunk, info.n_tokens - start);
+    corpus.read(start, n, tokens.data());
+    const auto bad = std::find_if(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n),
+                                  [&](uint32_t t) { return t >= info.vocab_size; });
+    if (bad == tokens.begin() + static_cast<std::ptrdiff_t>(n)) continue;
+    const uint64_t position = start + static_cast<uint64_t>(bad - tokens.begin());
+    const uint64_t document = static_cast<uint64_t>(
+        std::upper_bound(offsets.begin(), offsets.end(), position) - offsets.begin() - 1);
+    throw data_error(path + ": token " + std::to_string(*bad) + " at position " + std::to_string(position) +
+                     " (document " + std::to_string(document) + ") is not below the vocabulary size " +
+                     std::to_string(info.vocab_size));
+  }
+  return path + ": " + std::to_string(info.n_tokens) + " tokens in " + std::to_string(info.n_documents) +
+         " documents, every token below the vocabulary size " + std::to_string(info.vocab_size) +
+         ", the document offsets in order\n";
+}
+
 std::string inspect_corpus(const std::string& path, uint64_t show_tokens) {
   if (files::is_regular_file(path)) {
     if (h5::is_hdf5_file(path)) return inspect_dstrain(path, show_tokens);

@@ -185,6 +185,11 @@ TEST(DataCommand, ImportsAnLlmcShardAndInspectsEveryKind) {
   RunOutput corpus = run_dstrain(0, {"data", "inspect", dir + "/c.h5", "--tokens", "7"});
   ASSERT_EQ(corpus.exit_code, 0) << corpus.output;
   EXPECT_NE(corpus.output.find("first tokens: 10 20 30 50256 40 50 50256"), std::string::npos) << corpus.output;
+  RunOutput verified = run_dstrain(0, {"data", "verify", dir + "/c.h5"});
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_NE(verified.output.find("7 tokens in 2 documents, every token below the vocabulary size 50257"),
+            std::string::npos)
+      << verified.output;
   RunOutput shard = run_dstrain(0, {"data", "inspect", dir + "/shard.bin"});
   EXPECT_EQ(shard.exit_code, 0) << shard.output;
   EXPECT_NE(shard.output.find("llm.c token shard, version 1 (uint16 tokens), 7 tokens"), std::string::npos) << shard.output;

@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <hdf5.h>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
 
 #include "dstrain/core/files.h"
 #include "dstrain/data/corpus.h"
+#include "dstrain/data/import.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/data/prep.h"
 #include "dstrain/data/sampler.h"
@@ -196,4 +199,44 @@ TEST(Loader, TokensOutsideTheVocabularyNameFileAndOffset) {
   options.layout = {64, 1, 1, 0};
   expect_error([&] { DataLoader small(std::make_shared<CorpusReader>(dir.path("t.h5")), options, 0); },
                ExitCode::kData, {"fewer than one global batch"});
+}
+
+// What training would trip on hours later, found before a job is queued: a token at or above the
+// vocabulary size (data verify), and document offsets that go backwards (any reader).
+TEST(Corpus, VerifyFindsTokensOutsideTheVocabularyAndOffsetsOutOfOrder) {
+  TempDir dir;
+  {
+    CorpusWriter writer(dir.path("good.h5"), 100, 99, "test");
+    writer.add_document({1, 2, 3});
+    writer.add_document({4, 5});
+    writer.close();
+  }
+  EXPECT_NE(verify_corpus(dir.path("good.h5")).find("7 tokens in 2 documents, every token below"), std::string::npos);
+  {
+    CorpusWriter writer(dir.path("bad-token.h5"), 100, 99, "test");
+    writer.add_document({1, 2, 3});
+    writer.add_document({4, 150});  // tokens 4 and 5 of the corpus: the second document
+    writer.close();
+  }
+  expect_error([&] { verify_corpus(dir.path("bad-token.h5")); }, ExitCode::kData,
+               {"bad-token.h5", "token 150 at position 5 (document 1)", "vocabulary size 100"});
+
+  // Offsets 0, 8, 7 of 7 tokens: the second document would end before it starts.
+  const std::string backwards = dir.path("backwards.h5");
+  {
+    CorpusWriter writer(backwards, 100, 99, "test");
+    writer.add_document({1, 2, 3});
+    writer.add_document({4, 5});
+    writer.close();
+  }
+  const hid_t file = H5Fopen(backwards.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t offsets = H5Dopen2(file, "doc_offsets", H5P_DEFAULT);
+  ASSERT_GE(offsets, 0);
+  const uint64_t wrong[3] = {0, 8, 7};
+  ASSERT_GE(H5Dwrite(offsets, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, wrong), 0);
+  ASSERT_GE(H5Dclose(offsets), 0);
+  ASSERT_GE(H5Fclose(file), 0);
+  expect_error([&] { CorpusReader reader(backwards); }, ExitCode::kData,
+               {"backwards.h5", "/doc_offsets[2] = 7 comes before the entry ahead of it (8)"});
 }

@@ -38,4 +38,9 @@ CorpusInfo import_corpus(const ImportOptions& options);
 // shard, or a Megatron dataset (.idx, .bin or the prefix). Throws Error(kData) otherwise.
 std::string inspect_corpus(const std::string& path, uint64_t show_tokens);
 
+// `dstrain data verify`: reads every token of a dstrain corpus and its document offsets, and
+// throws Error(kData) naming the first token at or above the vocabulary size (with its position
+// and document), what training would trip on hours later. Returns the line saying all is well.
+std::string verify_corpus(const std::string& path);
+
 }  // namespace dstrain
