@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/torch_compat.h"
+#include "dstrain/model/activation_memory.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/train/train_config.h"
@@ -23,27 +26,6 @@ const char* kUsage =
     "the configuration's layout on N ranks (default 1; parallel.pp and optim.zero as configured).\n";
 
 size_t element_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
-
-// Activations one micro-batch keeps for the backward pass of one layer, per token, in elements:
-// the inputs of every matrix product and nonlinearity (Korthikanti et al. 2022's accounting,
-// with fused attention, which keeps no score matrix). An estimate: allocator slack comes on top.
-double activation_elements_per_token(const ModelConfig& c, int64_t layer) {
-  const double h = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_heads);
-  double attention = h /* norm input */ + h /* q/k/v input */ + heads * c.qk_head_dim() * 2 /* q, k */ +
-                     heads * c.value_head_dim() * 2 /* v, output */;
-  if (c.is_mla())
-    attention += static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim + c.q_lora_rank) * 2 +
-                 heads * (c.qk_nope_head_dim + c.v_head_dim);  // latents, normalised latents, kv_b output
-  double mlp = h /* norm input */ + h;
-  if (c.is_moe_layer(layer)) {
-    mlp += c.n_routed_experts /* router scores */ +
-           static_cast<double>(c.num_experts_per_tok) * (h + 3.0 * c.moe_intermediate_size) +
-           static_cast<double>(c.n_shared_experts) * 3.0 * c.moe_intermediate_size;
-  } else {
-    mlp += 3.0 * c.intermediate_size;  // gate, up, their product
-  }
-  return attention + mlp + 2 * h;  // the two residual sums
-}
 
 std::string gib(double bytes) {
   char text[32];
@@ -94,34 +76,41 @@ int model_command(const std::vector<std::string>& args_given) {
   // The most loaded pipeline stage (its chunks together) holds this many parameters.
   const int pp = config.parallel.pp, chunks = config.parallel.virtual_stages, dp = config.parallel.dp;
   const std::vector<LayerSlice> slices = partition_layers(m, seq, pp * chunks, config.parallel.stage_layers);
-  double stage_params = 0, stage_activations = 0;
+  const size_t element = element_bytes(config.loop.precision);
+  ActivationMemoryOptions activation_options;
+  activation_options.micro_batch = config.loop.micro_batch;
+  activation_options.seq_len = seq;
+  activation_options.element_bytes = static_cast<int64_t>(element);
+  activation_options.fused_attention = compat::kHasFusedAttention;
+  // The first stage holds the most micro-batches between their forward and backward passes.
+  activation_options.micro_batches_in_flight =
+      config.parallel.schedule == "gpipe" ? config.loop.grad_accum : std::min<int64_t>(pp, config.loop.grad_accum);
+  std::map<std::string, double> activations;  // by recompute mode: the most loaded stage's step peak
+  double stage_params = 0;
   for (int stage = 0; stage < pp; ++stage) {
-    double params = 0, activations = 0;
+    std::vector<LayerSlice> mine;
+    double params = 0;
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const LayerSlice& slice = slices[static_cast<size_t>(chunk * pp + stage)];
+      mine.push_back(slice);
       if (slice.has_embedding) params += static_cast<double>(m.vocab_size * m.hidden_size);
       if (slice.has_head) params += static_cast<double>(m.vocab_size * m.hidden_size + m.hidden_size);
-      for (int64_t layer = slice.first; layer < slice.last; ++layer) {
-        params += static_cast<double>(layer_parameters(m, layer));
-        activations += activation_elements_per_token(m, layer);
-      }
-      if (slice.has_head) activations += static_cast<double>(m.vocab_size) * 2;  // logits and their softmax
-      if (slice.has_head && m.num_nextn_predict_layers > 0) {  // the MTP modules, each a layer and logits more
-        params += static_cast<double>(count_parameters(m).mtp);
-        activations += static_cast<double>(m.num_nextn_predict_layers) *
-                       (activation_elements_per_token(m, m.num_layers) + static_cast<double>(m.vocab_size) * 2);
-      }
+      for (int64_t layer = slice.first; layer < slice.last; ++layer) params += static_cast<double>(layer_parameters(m, layer));
+      if (slice.has_head) params += static_cast<double>(count_parameters(m).mtp);
     }
     stage_params = std::max(stage_params, params);
-    stage_activations = std::max(stage_activations, activations);
+    for (const char* mode : {"none", "full"}) {
+      activation_options.recompute = {recompute_named(mode), std::string(mode) == config.loop.recompute
+                                                                  ? config.loop.recompute_layers
+                                                                  : 0};
+      activations[mode] = std::max(activations[mode], step_activation_bytes(m, mine, activation_options));
+    }
   }
-  const size_t element = element_bytes(config.loop.precision);
   const double param_bytes = stage_params * static_cast<double>(element);
   const double grad_bytes = stage_params * 4;  // the fp32 gradient buffer
   const double optimizer_bytes =
       stage_params * (8.0 + (element == 4 ? 0.0 : 4.0)) / (config.optim.zero == 1 ? dp : 1);  // moments (+ masters)
-  const double activation_bytes =
-      stage_activations * static_cast<double>(config.loop.micro_batch * seq) * static_cast<double>(element);
+  const double activation_bytes = activations.at(config.loop.recompute);
 
   nlohmann::json info = {
       {"total_params", counts.total},
@@ -136,7 +125,8 @@ int model_command(const std::vector<std::string>& args_given) {
        {{"parameters", param_bytes},
         {"gradients", grad_bytes},
         {"optimizer_state", optimizer_bytes},
-        {"activations_per_micro_batch", activation_bytes},
+        {"activations", activation_bytes},
+        {"activations_by_recompute", activations},
         {"total", param_bytes + grad_bytes + optimizer_bytes + activation_bytes}}}};
   if (json) {
     std::cout << info.dump(2) << "\n";
@@ -152,7 +142,11 @@ int model_command(const std::vector<std::string>& args_given) {
               static_cast<long long>(config.loop.micro_batch));
   std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(param_bytes).c_str(),
               gib(grad_bytes).c_str(), gib(optimizer_bytes).c_str());
-  std::printf("                 activations %s per micro-batch (estimate); total %s\n", gib(activation_bytes).c_str(),
+  std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
+              "                 none %s, full %s%s); total %s\n",
+              gib(activation_bytes).c_str(), config.loop.recompute.c_str(), gib(activations.at("none")).c_str(),
+              gib(activations.at("full")).c_str(),
+              compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
               gib(param_bytes + grad_bytes + optimizer_bytes + activation_bytes).c_str());
   return 0;
 }

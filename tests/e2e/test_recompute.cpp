@@ -78,3 +78,30 @@ TEST(Recompute, AnUnknownModeIsAUsageError) {
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("train.recompute"), std::string::npos) << run.output;
 }
+
+// `dstrain model info` estimates a step's activation memory per mode within 15% of what `bench
+// step` measures, for the dense and the V3-shaped tiny models (bench/RESULTS.md: the same for
+// ~100M models at seq 512).
+TEST(Recompute, ModelInfoEstimatesTheMeasuredActivationMemory) {
+  for (const char* config : {"tiny.ini", "tiny-v3.ini"}) {
+    for (const char* mode : {"none", "full"}) {
+      const std::vector<std::string> common = {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/" + config,
+                                               "--train.micro_batch", "1", "--train.grad_accum", "1",
+                                               "--train.recompute", mode};
+      std::vector<std::string> info = {"model", "info", "--json"};
+      info.insert(info.end(), common.begin(), common.end());
+      RunOutput estimate = run_dstrain(0, info);
+      ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+      const std::string json = scratch_dir(std::string("recompute-estimate-") + config + mode) + "/bench.json";
+      std::vector<std::string> bench = {"bench", "step", "--train.device", "cpu", "--bench.warmup", "1",
+                                        "--bench.steps", "1", "--bench.json", json};
+      bench.insert(bench.end(), common.begin(), common.end());
+      RunOutput measured = run_dstrain(0, bench);
+      ASSERT_EQ(measured.exit_code, 0) << measured.output;
+      const double estimated = nlohmann::json::parse(estimate.output)["memory_per_rank"]["activations"].get<double>();
+      const double peak = read_json(json)["peak_activation_bytes"].get<double>();
+      EXPECT_NEAR(estimated / peak, 1.0, 0.15) << config << ", recompute " << mode << ": estimated " << estimated
+                                               << " bytes, measured " << peak;
+    }
+  }
+}

@@ -1,0 +1,34 @@
+// The activation memory of a training step, estimated from the model's shapes: what each decoder
+// layer keeps for its backward pass per token (the inputs of its matrix products and
+// nonlinearities, and of unfused attention the fp32 softmax probabilities), and the step's peak,
+// which comes either while the LM head's gradients are made (its logits' gradient and the head
+// weight's) or while a recomputed layer reruns. Measured peaks (core/step_memory.h) are the
+// reference: bench/RESULTS.md compares the two.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dstrain/model/layer_slice.h"
+#include "dstrain/model/model_config.h"
+#include "dstrain/model/recompute.h"
+
+namespace dstrain {
+
+struct ActivationMemoryOptions {
+  int64_t micro_batch = 1, seq_len = 1;
+  int64_t element_bytes = 4;  // of the activations: 4 (fp32) or 2 (bf16, fp16)
+  RecomputePlan recompute;
+  bool fused_attention = false;  // scaled-dot-product attention keeps no score matrix
+  int64_t micro_batches_in_flight = 1;  // a pipeline stage's forward passes ahead of their backward
+};
+
+// Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per
+// token when nothing is recomputed.
+double layer_activation_elements(const ModelConfig& model, int64_t layer, const ActivationMemoryOptions& options);
+
+// The peak bytes above the step's start on a stage holding `chunks` (its model chunks' slices).
+double step_activation_bytes(const ModelConfig& model, const std::vector<LayerSlice>& chunks,
+                             const ActivationMemoryOptions& options);
+
+}  // namespace dstrain

@@ -1,0 +1,80 @@
+#include "dstrain/model/activation_memory.h"
+
+#include <algorithm>
+
+namespace dstrain {
+namespace {
+
+// Attention, MHA/GQA: the rotated queries, the keys and values repeated to every head, the
+// output before o_proj (4 × heads × head_dim); and the softmax probabilities (fp32) of unfused
+// attention, or the log-sum-exp per head of fused attention.
+double attention_elements(const ModelConfig& c, const ActivationMemoryOptions& o) {
+  const double heads = static_cast<double>(c.num_heads);
+  const double scores = o.fused_attention ? heads : heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
+  if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
+  // MLA: the query latent with its norm (input, normalised, output), the key-value latent with its
+  // norm and the rope part, then per head the query and key (qk), the value and the output (v).
+  const double latents = 3.0 * static_cast<double>(c.q_lora_rank) + 4.0 * static_cast<double>(c.kv_lora_rank) +
+                         static_cast<double>(c.qk_rope_head_dim);
+  return latents + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
+}
+
+// The MLP: SwiGLU keeps gate, up, silu(gate) and their product (4 × intermediate). DeepSeekMoE:
+// the router's fp32 logits, scores and choice, each routed token's copy of its input and its
+// expert's SwiGLU, the weighted outputs, and the shared experts' SwiGLU.
+double mlp_elements(const ModelConfig& c, int64_t layer) {
+  if (!c.is_moe_layer(layer)) return 4.0 * static_cast<double>(c.intermediate_size);
+  const double k = static_cast<double>(c.num_experts_per_tok), h = static_cast<double>(c.hidden_size);
+  return 3.0 * static_cast<double>(c.n_routed_experts) + k * (2.0 * h + 4.0 * c.moe_intermediate_size) +
+         4.0 * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
+}
+
+// The head while its gradients are made: the logits' gradient per token and the head weight's
+// gradient; in the forward pass the logits' gradient and the fp32 log-probabilities of a chunk.
+double head_bytes(const ModelConfig& c, const ActivationMemoryOptions& o) {
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len), vocab = static_cast<double>(c.vocab_size);
+  const double logits = tokens * vocab * o.element_bytes;
+  const double forward = logits + std::min(tokens * vocab, 64.0 * 1024 * 1024) * 4;
+  const double backward = logits + vocab * c.hidden_size * o.element_bytes;
+  return std::max(forward, backward);
+}
+
+}  // namespace
+
+double layer_activation_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
+  // Each RMSNorm keeps its input, the normalised values and its output (3 × hidden), and the
+  // residual stream adds a little more (measured on LibTorch's CPU kernels: 2 × hidden).
+  const double h = static_cast<double>(c.hidden_size);
+  return 8.0 * h + attention_elements(c, o) + mlp_elements(c, layer);
+}
+
+double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>& chunks,
+                             const ActivationMemoryOptions& o) {
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len) * static_cast<double>(o.element_bytes);
+  const double h = static_cast<double>(c.hidden_size);
+  double kept = 0, rerun = 0, head = 0;
+  for (const LayerSlice& slice : chunks) {
+    for (int64_t layer = slice.first; layer < slice.last; ++layer) {
+      const int64_t index = layer - slice.first;
+      const bool recomputed = o.recompute.mode == Recompute::kFull &&
+                              (o.recompute.layers == 0 || index < o.recompute.layers);
+      const double full = layer_activation_elements(c, layer, o) * tokens;
+      kept += recomputed ? h * tokens : full;
+      if (recomputed) rerun = std::max(rerun, full);
+    }
+    if (!slice.has_head) continue;
+    head = head_bytes(c, o);
+    // Multi-token prediction (never recomputed): each module's layer, its projection's input
+    // ([normalised hidden; embedding]) and its logits' gradient.
+    const double mtp_per_token = 2.0 * h + static_cast<double>(c.vocab_size);
+    for (int64_t depth = 1; depth <= c.num_nextn_predict_layers; ++depth)
+      kept += (layer_activation_elements(c, c.num_layers + depth - 1, o) + mtp_per_token) * tokens;
+  }
+  // The backward pass's working set on top: the gradients flowing between layers and those of a
+  // layer's widest matrix products (an MLP's gate and up).
+  const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size));
+  const double working = (2.0 * h + 2.0 * widest) * tokens;
+  return kept * static_cast<double>(o.micro_batches_in_flight) + std::max(head, rerun) + working;
+}
+
+}  // namespace dstrain
