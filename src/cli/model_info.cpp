@@ -39,6 +39,97 @@ std::string billions(double n) {
   return text;
 }
 
+// What one rank of the most loaded pipeline stage holds, in bytes.
+struct MemoryPlan {
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  std::map<std::string, double> activations_by_recompute;  // the step's peak, by train.recompute
+  double total() const { return parameters + gradients + optimizer_state + activations; }
+};
+
+MemoryPlan plan_memory(const TrainConfig& config) {
+  const ModelConfig& m = config.model;
+  const int pp = config.parallel.pp, chunks = config.parallel.virtual_stages;
+  const std::vector<LayerSlice> slices =
+      partition_layers(m, config.loop.seq_len, pp * chunks, config.parallel.stage_layers);
+  const size_t element = element_bytes(config.loop.precision);
+  ActivationMemoryOptions activation_options;
+  activation_options.micro_batch = config.loop.micro_batch;
+  activation_options.seq_len = config.loop.seq_len;
+  activation_options.element_bytes = static_cast<int64_t>(element);
+  activation_options.fused_attention = compat::kHasFusedAttention;
+  // The first stage holds the most micro-batches between their forward and backward passes.
+  activation_options.micro_batches_in_flight =
+      config.parallel.schedule == "gpipe" ? config.loop.grad_accum : std::min<int64_t>(pp, config.loop.grad_accum);
+  MemoryPlan plan;
+  double stage_params = 0;
+  for (int stage = 0; stage < pp; ++stage) {
+    std::vector<LayerSlice> mine;
+    double params = 0;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const LayerSlice& slice = slices[static_cast<size_t>(chunk * pp + stage)];
+      mine.push_back(slice);
+      if (slice.has_embedding) params += static_cast<double>(m.vocab_size * m.hidden_size);
+      if (slice.has_head) params += static_cast<double>(m.vocab_size * m.hidden_size + m.hidden_size);
+      for (int64_t layer = slice.first; layer < slice.last; ++layer) params += static_cast<double>(layer_parameters(m, layer));
+      if (slice.has_head) params += static_cast<double>(count_parameters(m).mtp);
+    }
+    stage_params = std::max(stage_params, params);
+    for (const char* mode : {"none", "full"}) {
+      const bool configured = mode == config.loop.recompute;
+      activation_options.recompute = {recompute_named(mode), configured ? config.loop.recompute_layers : 0};
+      double& peak = plan.activations_by_recompute[mode];
+      peak = std::max(peak, step_activation_bytes(m, mine, activation_options));
+    }
+  }
+  plan.parameters = stage_params * static_cast<double>(element);
+  plan.gradients = stage_params * 4;  // the fp32 gradient buffer
+  const double divisor = config.optim.zero == 1 ? config.parallel.dp : 1;
+  plan.optimizer_state = stage_params * (8.0 + (element == 4 ? 0.0 : 4.0)) / divisor;  // moments (+ masters)
+  plan.activations = plan.activations_by_recompute.at(config.loop.recompute);
+  return plan;
+}
+
+nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
+  const ParameterCounts counts = count_parameters(config.model);
+  const ParallelConfig& p = config.parallel;
+  return {{"total_params", counts.total},
+          {"active_params", counts.active},
+          {"embedding_params", counts.embedding},
+          {"mtp_params", counts.mtp},
+          {"flops_per_token", training_flops_per_token(config.model, config.loop.seq_len)},
+          {"seq_len", config.loop.seq_len},
+          {"layout",
+           {{"ranks", ranks}, {"dp", p.dp}, {"pp", p.pp}, {"virtual_stages", p.virtual_stages}, {"zero", config.optim.zero}}},
+          {"precision", config.loop.precision},
+          {"memory_per_rank",
+           {{"parameters", plan.parameters},
+            {"gradients", plan.gradients},
+            {"optimizer_state", plan.optimizer_state},
+            {"activations", plan.activations},
+            {"activations_by_recompute", plan.activations_by_recompute},
+            {"total", plan.total()}}}};
+}
+
+void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
+  const ParameterCounts counts = count_parameters(config.model);
+  std::printf("parameters       %s total, %s activated per token (input embedding left out)%s\n",
+              billions(static_cast<double>(counts.total)).c_str(), billions(static_cast<double>(counts.active)).c_str(),
+              counts.mtp > 0 ? (", + " + billions(static_cast<double>(counts.mtp)) + " in MTP modules").c_str() : "");
+  std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n",
+              training_flops_per_token(config.model, config.loop.seq_len), static_cast<long long>(config.loop.seq_len));
+  std::printf("layout           %d rank(s): dp %d x pp %d%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
+              config.parallel.pp, config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
+              static_cast<long long>(config.loop.micro_batch));
+  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(plan.parameters).c_str(),
+              gib(plan.gradients).c_str(), gib(plan.optimizer_state).c_str());
+  std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
+              "                 none %s, full %s%s); total %s\n",
+              gib(plan.activations).c_str(), config.loop.recompute.c_str(),
+              gib(plan.activations_by_recompute.at("none")).c_str(), gib(plan.activations_by_recompute.at("full")).c_str(),
+              compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
+              gib(plan.total()).c_str());
+}
+
 }  // namespace
 
 int model_command(const std::vector<std::string>& args_given) {
@@ -68,86 +159,11 @@ int model_command(const std::vector<std::string>& args_given) {
   OptionTable table = train_option_table();
   ParsedCommandLine parsed = parse_command_line(table, args);
   const TrainConfig config = read_model_and_layout(parsed.options, ranks);
-  const ModelConfig& m = config.model;
-  const ParameterCounts counts = count_parameters(m);
-  const int64_t seq = config.loop.seq_len;
-  const double flops = training_flops_per_token(m, seq);
-
-  // The most loaded pipeline stage (its chunks together) holds this many parameters.
-  const int pp = config.parallel.pp, chunks = config.parallel.virtual_stages, dp = config.parallel.dp;
-  const std::vector<LayerSlice> slices = partition_layers(m, seq, pp * chunks, config.parallel.stage_layers);
-  const size_t element = element_bytes(config.loop.precision);
-  ActivationMemoryOptions activation_options;
-  activation_options.micro_batch = config.loop.micro_batch;
-  activation_options.seq_len = seq;
-  activation_options.element_bytes = static_cast<int64_t>(element);
-  activation_options.fused_attention = compat::kHasFusedAttention;
-  // The first stage holds the most micro-batches between their forward and backward passes.
-  activation_options.micro_batches_in_flight =
-      config.parallel.schedule == "gpipe" ? config.loop.grad_accum : std::min<int64_t>(pp, config.loop.grad_accum);
-  std::map<std::string, double> activations;  // by recompute mode: the most loaded stage's step peak
-  double stage_params = 0;
-  for (int stage = 0; stage < pp; ++stage) {
-    std::vector<LayerSlice> mine;
-    double params = 0;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const LayerSlice& slice = slices[static_cast<size_t>(chunk * pp + stage)];
-      mine.push_back(slice);
-      if (slice.has_embedding) params += static_cast<double>(m.vocab_size * m.hidden_size);
-      if (slice.has_head) params += static_cast<double>(m.vocab_size * m.hidden_size + m.hidden_size);
-      for (int64_t layer = slice.first; layer < slice.last; ++layer) params += static_cast<double>(layer_parameters(m, layer));
-      if (slice.has_head) params += static_cast<double>(count_parameters(m).mtp);
-    }
-    stage_params = std::max(stage_params, params);
-    for (const char* mode : {"none", "full"}) {
-      activation_options.recompute = {recompute_named(mode), std::string(mode) == config.loop.recompute
-                                                                  ? config.loop.recompute_layers
-                                                                  : 0};
-      activations[mode] = std::max(activations[mode], step_activation_bytes(m, mine, activation_options));
-    }
-  }
-  const double param_bytes = stage_params * static_cast<double>(element);
-  const double grad_bytes = stage_params * 4;  // the fp32 gradient buffer
-  const double optimizer_bytes =
-      stage_params * (8.0 + (element == 4 ? 0.0 : 4.0)) / (config.optim.zero == 1 ? dp : 1);  // moments (+ masters)
-  const double activation_bytes = activations.at(config.loop.recompute);
-
-  nlohmann::json info = {
-      {"total_params", counts.total},
-      {"active_params", counts.active},
-      {"embedding_params", counts.embedding},
-      {"mtp_params", counts.mtp},
-      {"flops_per_token", flops},
-      {"seq_len", seq},
-      {"layout", {{"ranks", ranks}, {"dp", dp}, {"pp", pp}, {"virtual_stages", chunks}, {"zero", config.optim.zero}}},
-      {"precision", config.loop.precision},
-      {"memory_per_rank",
-       {{"parameters", param_bytes},
-        {"gradients", grad_bytes},
-        {"optimizer_state", optimizer_bytes},
-        {"activations", activation_bytes},
-        {"activations_by_recompute", activations},
-        {"total", param_bytes + grad_bytes + optimizer_bytes + activation_bytes}}}};
-  if (json) {
-    std::cout << info.dump(2) << "\n";
-    return 0;
-  }
-  std::printf("parameters       %s total, %s activated per token (input embedding left out)%s\n",
-              billions(static_cast<double>(counts.total)).c_str(), billions(static_cast<double>(counts.active)).c_str(),
-              counts.mtp > 0 ? (", + " + billions(static_cast<double>(counts.mtp)) + " in MTP modules").c_str() : "");
-  std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n", flops,
-              static_cast<long long>(seq));
-  std::printf("layout           %d rank(s): dp %d x pp %d%s, %s, micro_batch %lld\n", ranks, dp, pp,
-              config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
-              static_cast<long long>(config.loop.micro_batch));
-  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(param_bytes).c_str(),
-              gib(grad_bytes).c_str(), gib(optimizer_bytes).c_str());
-  std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
-              "                 none %s, full %s%s); total %s\n",
-              gib(activation_bytes).c_str(), config.loop.recompute.c_str(), gib(activations.at("none")).c_str(),
-              gib(activations.at("full")).c_str(),
-              compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
-              gib(param_bytes + grad_bytes + optimizer_bytes + activation_bytes).c_str());
+  const MemoryPlan plan = plan_memory(config);
+  if (json)
+    std::cout << info_json(config, ranks, plan).dump(2) << "\n";
+  else
+    print_info(config, ranks, plan);
   return 0;
 }
 
