@@ -55,7 +55,8 @@ class Trainer {
 
  private:
   StepResult train_step(int64_t step);
-  // One step with debug.forbid_host_sync on a GPU: a wait for the device inside it is an error.
+  // One step, its activation memory measured; with debug.forbid_host_sync on a GPU, a wait for the
+  // device inside it is an error.
   StepResult train_step_checked(int64_t step);
   void save_checkpoint(int64_t step);
   TrainResult finish(TrainResult result, Clock::time_point start);
