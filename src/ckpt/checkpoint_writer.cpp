@@ -258,7 +258,11 @@ void CheckpointWriter::complete() {
   in_flight_ = false;
   torch::Tensor failed = torch::full({1}, job_.error.empty() ? 0 : 1, torch::kInt32);
   parallel_.world->all_reduce(failed, ReduceOp::kMax);
-  if (!job_.error.empty()) throw Error(kCode, "checkpoint of step " + std::to_string(job_.step) + ": " + job_.error);
+  if (!job_.error.empty()) {
+    // The partial file goes before the job ends: on a full disk it would keep the disk full.
+    std::remove(job_.tmp_path.c_str());
+    throw Error(kCode, "checkpoint of step " + std::to_string(job_.step) + ": " + job_.error);
+  }
   if (failed.item<int>() != 0) return;  // the rank that failed says so and ends the job
   std::string mine;
   for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + checksum + "\n";
@@ -328,16 +332,28 @@ void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string
   log::info(text);
 }
 
+namespace {
+
+// A write that failed (a full disk, typically): the file is closed (a file HDF5 cannot close is
+// noted by the handle) and removed.
+void abandon_file(h5::Handle& file, const std::string& path) {
+  file.reset();
+  std::remove(path.c_str());
+}
+
+}  // namespace
+
 void write_checkpoint_file(const std::string& path, const std::vector<std::string>& names,
                            const std::function<torch::Tensor(const std::string&)>& source,
                            const CheckpointState& state) {
   const std::string tmp = path + ".tmp";
+  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+  h5::Handle file;
   try {
-    std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
     h5::quiet_errors();
-    h5::Handle file(h5::check_id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), kCode,
-                                 "cannot create " + tmp),
-                    H5Fclose);
+    file = h5::Handle(h5::check_id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), kCode,
+                                   "cannot create " + tmp),
+                      H5Fclose);
     h5::Handle lcpl(h5::check_id(H5Pcreate(H5P_LINK_CREATE), kCode, "H5Pcreate"), H5Pclose);
     h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), kCode, "H5Pset_create_intermediate_group");
     for (const std::string& name : names) {
@@ -360,8 +376,11 @@ void write_checkpoint_file(const std::string& path, const std::vector<std::strin
     }
     write_checkpoint_state(file.get(), state, tmp);
     h5::check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), kCode, tmp + ": flushing");
+    // Closing writes the last metadata, which may not fit either.
+    if (H5Fclose(file.get()) < 0) throw Error(kCode, tmp + ": closing: " + h5::last_error_message());
+    file.release();
   } catch (...) {
-    std::remove(tmp.c_str());
+    abandon_file(file, tmp);
     throw;
   }
   std::string why;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "pipeline.h"
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
+#include "dstrain/core/h5.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
@@ -209,6 +211,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     const Error error = as_error(e);
     if (error.what()[0] != '\0') log::error(error.what());  // empty: another rank has reported it
+    if (h5::holds_unclosable_file()) {
+      // HDF5's clean-up at exit would crash on the file it could not close: leave without it.
+      std::fflush(nullptr);
+      std::_Exit(static_cast<int>(error.code()));
+    }
+    finalize_mpi();  // after the message (MpiSession leaves it to here on an error)
     return static_cast<int>(error.code());
   }
 }

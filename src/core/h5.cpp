@@ -1,5 +1,7 @@
 #include "dstrain/core/h5.h"
 
+#include <atomic>
+
 #include <vector>
 
 namespace dstrain::h5 {
@@ -46,8 +48,16 @@ Handle& Handle::operator=(Handle&& other) noexcept {
   return *this;
 }
 
+namespace {
+std::atomic<bool> unclosable_file{false};
+}  // namespace
+
+void note_unclosable_file() { unclosable_file = true; }
+bool holds_unclosable_file() { return unclosable_file; }
+
 void Handle::reset() {
-  if (id_ >= 0 && closer_) closer_(id_);  // a close failure here has nobody left to tell
+  // A close failure here has nobody left to tell, but a file HDF5 could not close must be noted.
+  if (id_ >= 0 && closer_ && closer_(id_) < 0 && closer_ == &H5Fclose) note_unclosable_file();
   id_ = -1;
 }
 

@@ -1,15 +1,20 @@
 #include "dstrain/dist/parallel_context.h"
 
+#include <hdf5.h>
+
+#include <climits>
+#include <exception>
+#include <optional>
+
+#include "dstrain/core/accelerator.h"
+#include "dstrain/core/h5.h"
+#include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/nccl_communicator.h"
 
-#include <climits>
-#include <optional>
-#include "dstrain/core/accelerator.h"
-
 namespace dstrain {
 
-MpiSession::MpiSession(int* argc, char*** argv) {
+MpiSession::MpiSession(int* argc, char*** argv) : uncaught_at_start_(std::uncaught_exceptions()) {
   int provided = 0;
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   if (provided < MPI_THREAD_FUNNELED)
@@ -20,9 +25,18 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 }
 
 MpiSession::~MpiSession() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (std::uncaught_exceptions() > uncaught_at_start_) return;  // the catcher reports, then finalizes
+  finalize_mpi();
+}
+
+void finalize_mpi() {
+  int initialized = 0, finalized = 0;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  if (h5::holds_unclosable_file()) return;  // closing HDF5, here or in MPI_Finalize, would crash
+  // Before MPI_Finalize, which would otherwise close HDF5 from inside MPI.
+  if (H5close() < 0) log::warning("HDF5 could not close every file it held at exit");
+  MPI_Finalize();
 }
 
 std::string resolve_backend(const std::string& requested, const torch::Device& device) {

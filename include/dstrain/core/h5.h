@@ -16,6 +16,11 @@ std::recursive_mutex& h5_mutex();
 
 // Silences HDF5's own error-stack printing; our messages say what failed instead.
 void quiet_errors();
+// HDF5 (1.10) cannot recover a file whose flush failed (a full disk): it stays open, and closing
+// the library with it (at exit, or in MPI_Finalize) crashes. Whoever abandons such a file notes it;
+// the process then ends without closing HDF5 or finalizing MPI (see finalize_mpi).
+void note_unclosable_file();
+bool holds_unclosable_file();
 
 // The innermost message on HDF5's error stack ("unable to open file", ...), or "".
 std::string last_error_message();
@@ -38,6 +43,8 @@ class Handle {
 
   hid_t get() const { return id_; }
   void reset();
+  // Forgets the identifier without closing it (it was closed, its status checked, by the caller).
+  void release() { id_ = -1; }
 
  private:
   hid_t id_ = -1;

@@ -10,7 +10,9 @@
 
 namespace dstrain {
 
-// MPI_Init_thread on construction, MPI_Finalize on destruction. Only the main thread calls MPI.
+// MPI_Init_thread on construction, finalize_mpi on destruction. Only the main thread calls MPI.
+// Left by an exception, it does not finalize: whoever catches the error reports it first and then
+// calls finalize_mpi, so that a failure in MPI's or HDF5's clean-up cannot swallow the message.
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
@@ -24,7 +26,12 @@ class MpiSession {
  private:
   int rank_ = 0;
   int size_ = 1;
+  int uncaught_at_start_ = 0;
 };
+
+// Closes what HDF5 still holds (a file a failed write left open, say) while MPI still runs, then
+// MPI_Finalize; nothing when MPI was never initialised or is finalized already.
+void finalize_mpi();
 
 // comm.backend "auto" resolved for a device: nccl on a GPU when dstrain has NCCL, else mpi.
 // Throws Error(kUsage) for nccl on the CPU or in a build without NCCL.

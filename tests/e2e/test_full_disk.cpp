@@ -1,0 +1,63 @@
+// A full disk, for real: a file system of 80 KB (a tmpfs the test mounts; the test is skipped
+// where it cannot mount one) that a training run fills with its checkpoint or its final model.
+// The run must say what happened, exit with the checkpoint code, and leave no partial file
+// behind; it used to die in HDF5's clean-up (a segmentation fault, and no message at all).
+#include <gtest/gtest.h>
+
+#include <sys/mount.h>
+
+#include <cstring>
+
+#include "dstrain/core/files.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+// A tmpfs of `kilobytes` mounted over a scratch directory while it lives.
+class TinyFileSystem {
+ public:
+  explicit TinyFileSystem(const std::string& dir, int kilobytes) : dir_(dir) {
+    const std::string options = "size=" + std::to_string(kilobytes) + "k";
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted_) why_ = std::strerror(errno);
+  }
+  ~TinyFileSystem() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  std::string dir_, why_;
+  bool mounted_ = false;
+};
+
+void expect_clean_failure(const RunOutput& run, const std::string& file) {
+  EXPECT_EQ(run.exit_code, 4) << run.output;  // the checkpoint code, not a crash (139)
+  EXPECT_NE(run.output.find("error: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find(file), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("Segmentation fault"), std::string::npos) << run.output;
+}
+
+}  // namespace
+
+TEST(FullDisk, ACheckpointThatDoesNotFitEndsTheRunCleanly) {
+  const std::string dir = scratch_dir("full-disk-checkpoint");
+  TinyFileSystem disk(dir, 80);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  const RunOutput run = train_tiny(0, dir + "/run", {"--ckpt.interval", "2", "--train.steps", "6"});
+  expect_clean_failure(run, "step_00000002.h5.tmp");
+  EXPECT_NE(run.output.find("No space left on device"), std::string::npos) << run.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/run/checkpoints/step_00000002.h5.tmp")) << "the partial file stayed";
+}
+
+TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
+  const std::string dir = scratch_dir("full-disk-final");
+  TinyFileSystem disk(dir, 80);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  const RunOutput run = train_tiny(0, dir + "/run", {"--ckpt.save_final", "true", "--train.steps", "4"});
+  expect_clean_failure(run, "final_model.h5.tmp");
+  EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
+}
