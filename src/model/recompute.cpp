@@ -5,7 +5,6 @@
 
 #include "dstrain/core/error.h"
 
-
 namespace dstrain {
 namespace {
 
