@@ -74,7 +74,9 @@ bool DocumentReader::next_jsonl(TextSegment* segment) {
     try {
       record = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
-      throw data_error(where + ": invalid JSON (" + std::string(e.what()) + ")");
+      // The position, not the library's wording ("[json.exception.parse_error.101] ...").
+      throw data_error(where + ": invalid JSON at column " + std::to_string(e.byte) +
+                       " (expected one object per line, with a string field \"text\")");
     }
     if (!record.is_object() || !record.contains("text") || !record["text"].is_string())
       throw data_error(where + ": expected an object with a string field \"text\"");

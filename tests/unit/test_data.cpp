@@ -240,3 +240,21 @@ TEST(Corpus, VerifyFindsTokensOutsideTheVocabularyAndOffsetsOutOfOrder) {
   expect_error([&] { CorpusReader reader(backwards); }, ExitCode::kData,
                {"backwards.h5", "/doc_offsets[2] = 7 comes before the entry ahead of it (8)"});
 }
+
+// A JSONL line that is not JSON: its position, in words of our own, not the JSON library's.
+TEST(Prep, InvalidJsonLinesSayWhereWithoutTheLibrarysWording) {
+  TempDir dir;
+  dir.write("bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": unquoted}\n");
+  PrepOptions options;
+  options.output = dir.path("out.h5");
+  options.inputs = {dir.path("bad.jsonl")};
+  try {
+    run_prep(options);
+    FAIL() << "an invalid line was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kData);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("bad.jsonl:2: invalid JSON at column 1"), std::string::npos) << message;
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  }
+}
