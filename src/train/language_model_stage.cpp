@@ -4,7 +4,10 @@ namespace dstrain {
 
 LanguageModelStage::LanguageModelStage(std::vector<CausalLM> chunks, int virtual_stages)
     : chunks_(std::move(chunks)),
-      activation_width_(CausalLMImpl::stage_activation_width(chunks_.front()->config(), virtual_stages)) {}
+      activation_width_(CausalLMImpl::stage_activation_width(chunks_.front()->config(), virtual_stages)) {
+  for (const CausalLM& chunk : chunks_)
+    for (const auto& layer : chunk->moe_layers()) moe_layers_.push_back(layer);
+}
 
 std::vector<std::string> LanguageModelStage::loss_names() const {
   if (chunks_.front()->config().num_nextn_predict_layers > 0) return {"loss", "mtp_loss"};
@@ -15,11 +18,9 @@ void LanguageModelStage::begin_pass(bool training, const torch::Tensor& loss_gra
   // Training or evaluation mode: MoE layers count expert loads and add their balance loss in
   // training only.
   training_ = training;
-  for (CausalLM& chunk : chunks_) {
-    chunk->train(training);
-    if (training)
-      for (auto& [index, moe] : chunk->moe_layers()) moe->set_auxiliary_loss_gradient_factor(loss_gradient_factor);
-  }
+  for (CausalLM& chunk : chunks_) chunk->train(training);
+  if (training)
+    for (auto& [index, moe] : moe_layers_) moe->set_auxiliary_loss_gradient_factor(loss_gradient_factor);
 }
 
 torch::Tensor LanguageModelStage::forward(int chunk, const torch::Tensor& input) {

@@ -18,13 +18,6 @@ NamedTensors RankStage::parameters() const {
   return params;
 }
 
-std::vector<std::pair<int64_t, MoE>> RankStage::moe_layers() const {
-  std::vector<std::pair<int64_t, MoE>> layers;
-  for (const CausalLM& chunk : chunks())
-    for (const auto& layer : chunk->moe_layers()) layers.push_back(layer);
-  return layers;
-}
-
 std::string RankStage::layers_per_virtual_stage() const {
   std::string text;
   for (const LayerSlice& slice : slices) text += (text.empty() ? "" : ",") + std::to_string(slice.last - slice.first);

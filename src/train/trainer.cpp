@@ -108,7 +108,7 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   optimizer_ = std::make_unique<AdamW>(
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
-    auto balancing = std::make_unique<MoeBalancing>(stage_.moe_layers(), *parallel_.dp_group, c.model,
+    auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), *parallel_.dp_group, c.model,
                                                     c.loop.grad_accum, device);
     balancing_ = balancing.get();
     post_step_hooks_.push_back(std::move(balancing));

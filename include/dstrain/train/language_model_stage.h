@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dstrain/model/transformer.h"
@@ -27,9 +28,12 @@ class LanguageModelStage : public PipelineStage {
   MicroBatchLosses losses(int chunk, const torch::Tensor& input, const torch::Tensor& tokens) override;
 
   const std::vector<CausalLM>& models() const { return chunks_; }
+  // The chunks' MoE layers by global layer index (empty for a dense model).
+  const std::vector<std::pair<int64_t, MoE>>& moe_layers() const { return moe_layers_; }
 
  private:
   std::vector<CausalLM> chunks_;
+  std::vector<std::pair<int64_t, MoE>> moe_layers_;
   int64_t activation_width_;  // hidden size, or twice it when the stages carry embeddings
   bool training_ = false;
 };

@@ -26,8 +26,6 @@ struct RankStage {
   const std::vector<CausalLM>& chunks() const { return model->models(); }
   // Every parameter of this rank's chunks by global name, sorted by name.
   NamedTensors parameters() const;
-  // This rank's MoE layers by global layer index (empty for a dense model).
-  std::vector<std::pair<int64_t, MoE>> moe_layers() const;
   // Layers per virtual stage, "2,2": what a checkpoint records of the split.
   std::string layers_per_virtual_stage() const;
 };
