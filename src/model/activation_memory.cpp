@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "dstrain/model/linear_cross_entropy.h"
+
 namespace dstrain {
 namespace {
 
@@ -34,7 +36,7 @@ double mlp_elements(const ModelConfig& c, int64_t layer) {
 double head_bytes(const ModelConfig& c, const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len), vocab = static_cast<double>(c.vocab_size);
   const double logits = tokens * vocab * o.element_bytes;
-  const double forward = logits + std::min(tokens * vocab, 64.0 * 1024 * 1024) * 4;
+  const double forward = logits + std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4;
   const double backward = logits + vocab * c.hidden_size * o.element_bytes;
   return std::max(forward, backward);
 }

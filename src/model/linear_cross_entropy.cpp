@@ -17,10 +17,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Rows of logits whose fp32 log-softmax is alive at once: 256 MB (twice that from bf16 logits,
-// which LibTorch converts to fp32 before its log-softmax; only fp16 has a converting kernel).
-constexpr int64_t kChunkElements = int64_t{1} << 26;
-
 // The loss of each row of `logits` [N, V] (fp32 [N]). With `gradient`, each row of logits is
 // overwritten with its softmax minus the one-hot target: the loss's gradient, up to a scalar.
 torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, int64_t chunk, bool gradient) {
@@ -38,7 +34,7 @@ torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, in
     return losses;
   }
 #endif
-  if (chunk <= 0) chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(vocab, 1));
+  if (chunk <= 0) chunk = std::max<int64_t>(1, kLossChunkElements / std::max<int64_t>(vocab, 1));
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     torch::Tensor part = logits.narrow(0, start, n);

@@ -25,6 +25,11 @@
 
 namespace dstrain {
 
+// Elements of logits whose fp32 log-softmax is alive at once, when chunk_rows is 0: 256 MB (twice
+// that from bf16 logits, which LibTorch converts to fp32 before its log-softmax; only fp16 has a
+// converting kernel).
+constexpr int64_t kLossChunkElements = int64_t{1} << 26;
+
 // hidden [..., H] and weight [V, H] of one dtype; targets [...] (int64) with hidden's leading
 // shape. Returns the mean over the targets as a 0-dim fp32 tensor, differentiable (first order)
 // with respect to hidden and weight. `chunk_rows`: rows per log-softmax chunk; 0 takes as many
