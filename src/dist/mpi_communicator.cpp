@@ -77,6 +77,29 @@ int checked_count(int64_t count) {
   return static_cast<int>(count);
 }
 
+// An all-to-all's rows per rank as MPI counts and displacements, checked against the tensor.
+struct RowSplit {
+  std::vector<int> counts, displacements;
+  int64_t row_bytes = 0;
+};
+
+RowSplit row_split(const torch::Tensor& t, const std::vector<int64_t>& rows, int size, const char* what) {
+  if (t.dim() == 0 || static_cast<int>(rows.size()) != size)
+    throw Error(ExitCode::kInternal, std::string(what) + ": one row count per rank needed");
+  RowSplit split;
+  split.row_bytes = t.element_size() * c10::multiply_integers(t.sizes().slice(1));
+  int64_t at = 0;
+  for (int64_t count : rows) {
+    split.displacements.push_back(checked_count(at));
+    split.counts.push_back(checked_count(count));
+    at += count;
+  }
+  if (at != t.size(0))
+    throw Error(ExitCode::kInternal, std::string(what) + ": the row counts add up to " + std::to_string(at) +
+                                         ", the tensor has " + std::to_string(t.size(0)));
+  return split;
+}
+
 void finish_average(torch::Tensor& t, ReduceOp op, int size) {
   if (op != ReduceOp::kAvg) return;
   if (!t.is_floating_point()) throw Error(ExitCode::kInternal, "MPI backend: average of an integer tensor");
@@ -275,6 +298,31 @@ void MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {
   MPI_CHECK(MPI_Ibcast(host.data(), checked_count(tensor.nbytes()), MPI_BYTE, root, comm_, request.data()));
   wait(request, [&] { return "broadcast from world rank " + std::to_string(world_ranks_[root]) + " over " + describe_group(); });
   host.copy_out();
+}
+
+void MpiCommunicator::all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                                 const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+  require_contiguous(output, "all_to_all");
+  require_contiguous(input, "all_to_all");
+  const RowSplit sent = row_split(input, send_rows, size_, "all_to_all input");
+  const RowSplit received = row_split(output, recv_rows, size_, "all_to_all output");
+  if (input.scalar_type() != output.scalar_type() || sent.row_bytes != received.row_bytes)
+    throw Error(ExitCode::kInternal, "all_to_all: input and output rows differ in dtype or shape");
+  // Counts in rows of one derived type, so that a message may exceed 2^31 bytes.
+  MPI_Datatype row = MPI_DATATYPE_NULL;
+  MPI_CHECK(MPI_Type_contiguous(checked_count(std::max<int64_t>(sent.row_bytes, 1)), MPI_BYTE, &row));
+  MPI_CHECK(MPI_Type_commit(&row));
+  HostView in(input, /*copy_in=*/true), out(output, /*copy_in=*/false);
+  std::vector<MPI_Request> request(1);
+  const int status = MPI_Ialltoallv(in.data(), sent.counts.data(), sent.displacements.data(), row, out.data(),
+                                    received.counts.data(), received.displacements.data(), row, comm_, request.data());
+  MPI_Type_free(&row);  // MPI keeps what the operation under way needs
+  if (status != MPI_SUCCESS) throw_mpi_error(status, "MPI_Ialltoallv", __FILE__, __LINE__);
+  wait(request, [&] {
+    return "all_to_all of " + std::to_string(input.size(0)) + " rows out, " + std::to_string(output.size(0)) +
+           " in, over " + describe_group();
+  });
+  out.copy_out();
 }
 
 void MpiCommunicator::send(const torch::Tensor& tensor, int peer) {

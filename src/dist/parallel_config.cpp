@@ -10,6 +10,9 @@ namespace dstrain {
 void add_parallel_options(OptionTable& t) {
   t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / pp)");
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
+  t.add("parallel.ep", OptionKind::kInt, "1",
+        "expert-parallel ranks: each MoE layer's routed experts are split over this many data-parallel ranks "
+        "(must divide parallel.dp and model.n_routed_experts)");
   t.add("parallel.order", OptionKind::kString, "dp-pp",
         "grid dimensions, innermost (consecutive ranks) first: dp-pp keeps data-parallel groups on consecutive "
         "ranks, pp-dp pipeline groups; other dimensions, such as ep, join the order as they are added");
@@ -63,7 +66,22 @@ ParallelConfig read_parallel_config(Options& o, int world_size) {
   c.dp = static_cast<int>(dp);
   c.order = o.get_string("parallel.order");
   RankGrid(world_size, c.dp, c.pp, c.order);  // validates dp × pp = world and the order
+  c.ep = static_cast<int>(o.get_int("parallel.ep", 1, INT32_MAX));
+  if (c.dp % c.ep != 0)
+    throw config_error("parallel.ep", o.raw("parallel.ep"),
+                       "must divide parallel.dp = " + std::to_string(c.dp) +
+                           ": expert-parallel groups are carved out of the data-parallel ranks");
   return c;
+}
+
+void check_expert_parallelism(const ParallelConfig& c, int64_t routed_experts) {
+  if (c.ep == 1) return;
+  if (routed_experts == 0)
+    throw config_error("parallel.ep", std::to_string(c.ep), "the model has no routed experts (a dense model); use 1");
+  if (routed_experts % c.ep != 0)
+    throw config_error("parallel.ep", std::to_string(c.ep),
+                       "must divide model.n_routed_experts = " + std::to_string(routed_experts) +
+                           ", so that every expert-parallel rank holds as many experts");
 }
 
 CommConfig read_comm_config(const Options& o) {

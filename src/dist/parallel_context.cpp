@@ -93,7 +93,9 @@ std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& backe
 }  // namespace
 
 ParallelContext ParallelContext::create(const RankGrid& grid, const std::string& backend,
-                                        const torch::Device& device, double timeout_s) {
+                                        const torch::Device& device, double timeout_s, int ep) {
+  if (ep < 1 || grid.dp() % ep != 0)
+    throw Error(ExitCode::kInternal, "expert-parallel size " + std::to_string(ep) + " does not divide dp");
   if (backend == "nccl") require_own_gpus(device);
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
@@ -120,8 +122,19 @@ ParallelContext ParallelContext::create(const RankGrid& grid, const std::string&
   };
   std::unique_ptr<Communicator> dp_group = agreed_group(dp);
   std::unique_ptr<Communicator> pp_group = agreed_group(pp);
-  return ParallelContext{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s), std::move(dp_group),
-                         std::move(pp_group)};
+  ParallelContext context{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s), std::move(dp_group),
+                          std::move(pp_group), 1, nullptr, nullptr};
+  if (ep > 1) {
+    // Colours unique over the world: (stage, expert-data index) and (stage, ep rank).
+    const int expert_data_index = coord.dp / ep, ep_rank = coord.dp % ep;
+    MPI_Comm ep_comm = MPI_COMM_NULL, expert_dp_comm = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + expert_data_index, ep_rank, &ep_comm));
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + ep_rank, expert_data_index, &expert_dp_comm));
+    context.ep = ep;
+    context.ep_group = agreed_group(ep_comm);
+    context.expert_dp_group = agreed_group(expert_dp_comm);
+  }
+  return context;
 }
 
 FailureAgreement agree_on_failure(int local_exit_code, bool has_message) {

@@ -22,7 +22,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   agreed_phase(job.world_rank, [&] {  // collective: communicators (their checks fail on every rank alike)
     const ParallelConfig& p = job.config.parallel;
     job.parallel.emplace(ParallelContext::create(RankGrid(job.world_size, p.dp, p.pp, p.order),
-                                                 backend, job.placement.device, job.config.comm.timeout_s));
+                                                 backend, job.placement.device, job.config.comm.timeout_s, p.ep));
   });
   return job;
 }

@@ -148,6 +148,7 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   c.run.seed = static_cast<uint64_t>(o.get_int("run.seed", 0));
   c.model = read_model_config(o);
   c.parallel = read_parallel_config(o, world_size);
+  check_expert_parallelism(c.parallel, c.model.n_routed_experts);
   c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
   // The schedule and the split of the layers, checked now (the trainer makes them again).

@@ -187,6 +187,37 @@ TEST(Communicator, ExchangeWithBothNeighboursInOneGroup) {
   EXPECT_TRUE(torch::equal(from_right.cpu(), contribution(right, n) * -1));
 }
 
+// Rank r sends (r + p) % 3 rows to rank p (so some pairs move nothing, a rank's own rows
+// included), each row naming its sender, receiver and position; every rank finds exactly the rows
+// addressed to it, in sender order.
+TEST(Communicator, AllToAllMovesUnevenRowsIncludingNone) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  auto rows_between = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
+  auto row = [](int from, int to, int64_t i) {
+    return torch::tensor({static_cast<float>(from), static_cast<float>(to), static_cast<float>(i)});
+  };
+  std::vector<int64_t> send_rows, recv_rows;
+  std::vector<torch::Tensor> outgoing, expected;
+  for (int peer = 0; peer < size; ++peer) {
+    send_rows.push_back(rows_between(rank, peer));
+    recv_rows.push_back(rows_between(peer, rank));
+    for (int64_t i = 0; i < send_rows.back(); ++i) outgoing.push_back(row(rank, peer, i));
+    for (int64_t i = 0; i < recv_rows.back(); ++i) expected.push_back(row(peer, rank, i));
+  }
+  auto stacked = [](const std::vector<torch::Tensor>& rows) {
+    return rows.empty() ? torch::empty({0, 3}) : torch::stack(rows);
+  };
+  torch::Tensor input = on_device(stacked(outgoing)), output = on_device(torch::full({static_cast<int64_t>(expected.size()), 3}, -1.0));
+  world().all_to_all(output, input, send_rows, recv_rows);
+  world().synchronize();
+  EXPECT_TRUE(torch::equal(output.cpu(), stacked(expected)));
+  // Nothing at all to move works too.
+  torch::Tensor none = on_device(torch::empty({0, 3}));
+  world().all_to_all(none, none, std::vector<int64_t>(size, 0), std::vector<int64_t>(size, 0));
+  world().synchronize();
+}
+
 // The result of a collective is visible to the very next kernel on the caller's stream, without
 // any explicit synchronisation (for NCCL: the events that order its stream and the caller's).
 TEST(Communicator, ResultIsOrderedBeforeTheCallersNextKernel) {
@@ -223,6 +254,37 @@ TEST(ParallelContext, GroupsMatchTheRankGrid) {
     for (int member : grid.pp_group(rank)) expected += member;
     EXPECT_EQ(pp_sum.item<int64_t>(), expected);
   }
+}
+
+// ep groups are runs of consecutive data shards; expert-data groups take one member of each.
+TEST(ParallelContext, ExpertGroupsSplitTheDataParallelGroup) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  if (size == 1) GTEST_SKIP() << "needs two ranks or more";
+  const int ep = size % 2 == 0 ? 2 : size;
+  const std::string group_backend = backend().kind == "nccl" ? "nccl" : "mpi";
+  RankGrid grid(size, size, 1);
+  ParallelContext ctx = ParallelContext::create(grid, group_backend, backend().device, 600, ep);
+  ASSERT_TRUE(ctx.ep_group && ctx.expert_dp_group);
+  EXPECT_EQ(ctx.ep_group->size(), ep);
+  EXPECT_EQ(ctx.ep_group->rank(), rank % ep);
+  EXPECT_EQ(ctx.ep_rank(), rank % ep);
+  EXPECT_EQ(ctx.expert_dp_group->size(), size / ep);
+  EXPECT_EQ(ctx.expert_dp_group->rank(), rank / ep);
+  auto group_sum = [&](Communicator& group) {
+    torch::Tensor sum = on_device(torch::tensor({static_cast<int64_t>(rank)}));
+    group.all_reduce(sum, ReduceOp::kSum);
+    return sum.item<int64_t>();
+  };
+  int64_t ep_members = 0, expert_dp_members = 0;
+  for (int member = 0; member < size; ++member) {
+    if (member / ep == rank / ep) ep_members += member;
+    if (member % ep == rank % ep) expert_dp_members += member;
+  }
+  EXPECT_EQ(group_sum(*ctx.ep_group), ep_members);
+  EXPECT_EQ(group_sum(*ctx.expert_dp_group), expert_dp_members);
+  ParallelContext plain = ParallelContext::create(grid, group_backend, backend().device);
+  EXPECT_FALSE(plain.ep_group || plain.expert_dp_group);
 }
 
 TEST(ParallelContext, FailureAgreementNamesTheLowestFailingRank) {

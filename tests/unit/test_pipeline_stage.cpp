@@ -24,6 +24,9 @@ class NoPeers : public Communicator {
   std::unique_ptr<Work> reduce_scatter_async(torch::Tensor&, const torch::Tensor&, ReduceOp) override { fail(); }
   void all_gather(torch::Tensor&, const torch::Tensor&) override { fail(); }
   void broadcast(torch::Tensor&, int) override { fail(); }
+  void all_to_all(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
+    fail();
+  }
   void send(const torch::Tensor&, int) override { fail(); }
   void recv(torch::Tensor&, int) override { fail(); }
   void exchange(std::vector<Transfer>& transfers) override {

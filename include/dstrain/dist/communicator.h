@@ -54,6 +54,13 @@ class Communicator {
   // `output` receives every rank's `input`, concatenated along dim 0 in rank order.
   virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  // Rows (slices along dim 0) to every rank and from every rank, in rank order: `input`'s first
+  // send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1, ...; `output` receives
+  // recv_rows[q] rows from each rank q, in rank order. Each rank's send_rows[p] must equal rank
+  // p's recv_rows[this rank] (exchanged beforehand: expert parallelism's token dispatch). Both
+  // contiguous, of one dtype and row shape; zero rows to or from a rank is allowed.
+  virtual void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& send_rows,
+                          const std::vector<int64_t>& recv_rows) = 0;
   // Shapes and dtypes are agreed beforehand (fixed by the config): no metadata travels.
   virtual void send(const torch::Tensor& tensor, int peer) = 0;
   virtual void recv(torch::Tensor& tensor, int peer) = 0;

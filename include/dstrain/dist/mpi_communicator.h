@@ -33,6 +33,8 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;
+  void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& send_rows,
+                  const std::vector<int64_t>& recv_rows) override;
   void send(const torch::Tensor& tensor, int peer) override;
   void recv(torch::Tensor& tensor, int peer) override;
   void exchange(std::vector<Transfer>& transfers) override;

@@ -13,6 +13,10 @@ namespace dstrain {
 struct ParallelConfig {
   int dp = 1;
   int pp = 1;
+  // Expert parallelism: each MoE layer's routed experts split over `ep` ranks of every
+  // data-parallel group (consecutive data shards: ep rank = dp index % ep, the innermost part of
+  // the data dimension), so that the token exchange stays among neighbouring ranks.
+  int ep = 1;
   std::string order = "dp-pp";
   std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved
   int virtual_stages = 1;             // model chunks per pipeline stage (interleaved)
@@ -30,8 +34,10 @@ struct CommConfig {
 void add_parallel_options(OptionTable& table);
 void add_comm_options(OptionTable& table);
 // Resolves parallel.dp = 0 to world / pp (recording the result in `options`) and checks that the
-// grid fills the world. Throws Error(kUsage) naming the key.
+// grid fills the world and that ep divides dp. Throws Error(kUsage) naming the key.
 ParallelConfig read_parallel_config(Options& options, int world_size);
+// parallel.ep against the model: it must have routed experts, and ep must divide their number.
+void check_expert_parallelism(const ParallelConfig& parallel, int64_t routed_experts);
 CommConfig read_comm_config(const Options& options);
 
 }  // namespace dstrain

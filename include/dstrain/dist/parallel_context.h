@@ -44,11 +44,21 @@ struct ParallelContext {
   std::unique_ptr<MpiCommunicator> world;  // start-up agreements and small host-side exchanges
   std::unique_ptr<Communicator> dp_group;  // same stage, every data shard
   std::unique_ptr<Communicator> pp_group;  // same data shard, every stage
+  // Expert parallelism (ep > 1 only; nullptr otherwise): each data-parallel group splits into
+  // groups of `ep` consecutive data shards, which hold one copy of the routed experts between
+  // them and exchange tokens (ep_group, ordered by data shard: a member's rank is its ep rank);
+  // the members that hold the same experts, one in each of those groups, average their
+  // gradients (expert_dp_group, dp / ep ranks).
+  int ep = 1;
+  std::unique_ptr<Communicator> ep_group;
+  std::unique_ptr<Communicator> expert_dp_group;
 
-  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid and backend
-  // (a resolved one: "mpi" or "nccl"). `device` is this rank's.
+  int ep_rank() const { return coord.dp % ep; }
+
+  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid, ep and backend
+  // (a resolved one: "mpi" or "nccl"). `device` is this rank's. `ep` divides grid.dp().
   static ParallelContext create(const RankGrid& grid, const std::string& backend = "mpi",
-                                const torch::Device& device = torch::kCPU, double timeout_s = 600);
+                                const torch::Device& device = torch::kCPU, double timeout_s = 600, int ep = 1);
 };
 
 // After a phase in which any rank may fail on its own (opening files, say), every rank learns the

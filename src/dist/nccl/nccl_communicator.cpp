@@ -213,6 +213,37 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // Grouped ncclSend/ncclRecv, one pair per rank with rows to move (NCCL has no all-to-all).
+  void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& send_rows,
+                  const std::vector<int64_t>& recv_rows) override {
+    require_on_device(output, "all_to_all");
+    require_on_device(input, "all_to_all");
+    if (static_cast<int>(send_rows.size()) != size_ || static_cast<int>(recv_rows.size()) != size_ ||
+        input.scalar_type() != output.scalar_type())
+      throw Error(ExitCode::kInternal, "all_to_all: one row count per rank, one dtype");
+    const int64_t row_bytes = input.element_size() * c10::multiply_integers(input.sizes().slice(1));
+    auto* in = static_cast<const char*>(input.data_ptr());
+    auto* out = static_cast<char*>(output.data_ptr());
+    run([&](cudaStream_t s) {
+      NCCL_CHECK(ncclGroupStart());
+      try {
+        int64_t sent = 0, received = 0;
+        for (int peer = 0; peer < size_; ++peer) {
+          if (send_rows[peer] > 0)
+            NCCL_CHECK(ncclSend(in + sent * row_bytes, send_rows[peer] * row_bytes, ncclUint8, peer, comm_, s));
+          if (recv_rows[peer] > 0)
+            NCCL_CHECK(ncclRecv(out + received * row_bytes, recv_rows[peer] * row_bytes, ncclUint8, peer, comm_, s));
+          sent += send_rows[peer];
+          received += recv_rows[peer];
+        }
+      } catch (...) {
+        ncclGroupEnd();  // status ignored: already failing; the thread's group must not stay open
+        throw;
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void send(const torch::Tensor& t, int peer) override {
     require_on_device(t, "send");
     run([&](cudaStream_t s) { NCCL_CHECK(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s)); });
