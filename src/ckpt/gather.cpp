@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dstrain/model/moe.h"
+
 namespace dstrain {
 namespace {
 
@@ -72,12 +74,21 @@ NamedTensors gather_parameters(const NamedTensors& local, const ParallelContext&
   const RankGrid& grid = parallel.grid;
   MpiCommunicator& world = *parallel.world;
   NamedTensors all;
+  // Each stage's first data shard sends what it holds; under expert parallelism the rest of its
+  // expert-parallel group sends the other experts.
   if (parallel.world_rank == 0) {
     for (const auto& [name, t] : local) all.emplace_back(name, t.detach().to(torch::kCPU));
-    for (int stage = 1; stage < grid.pp(); ++stage) receive_stage(world, grid.rank_of({0, stage}), &all);
+    for (int stage = 0; stage < grid.pp(); ++stage)
+      for (int shard = 0; shard < parallel.ep; ++shard)
+        if (stage > 0 || shard > 0) receive_stage(world, grid.rank_of({shard, stage}), &all);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   } else if (parallel.coord.dp == 0) {
     send_stage(world, local, 0);
+  } else if (parallel.coord.dp < parallel.ep) {
+    NamedTensors experts;
+    for (const auto& named : local)
+      if (is_routed_expert_parameter(named.first)) experts.push_back(named);
+    send_stage(world, experts, 0);
   }
   return all;
 }

@@ -2,13 +2,13 @@
 
 namespace dstrain {
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer) {
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, const ExpertShard& experts) {
   if (c.is_mla())
     latent_attention_ = register_module("self_attn", MultiHeadLatentAttention(c));
   else
     attention_ = register_module("self_attn", Attention(c));
   if (c.is_moe_layer(layer))
-    moe_ = register_module("mlp", MoE(c));
+    moe_ = register_module("mlp", MoE(c, experts));
   else
     mlp_ = register_module("mlp", SwiGLU(c.hidden_size, c.intermediate_size));
   input_layernorm_ = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));

@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "dstrain/core/accelerator.h"
+#include "dstrain/core/error.h"
+#include "dstrain/model/expert_dispatch.h"
 #include "dstrain/model/recompute.h"
 
 namespace dstrain {
@@ -42,6 +44,8 @@ torch::Tensor attach_auxiliary_loss(const torch::Tensor& output, const torch::Te
                                     const torch::Tensor& gradient_factor) {
   return AuxiliaryLossFunction::apply(output, aux, GradientFactor{gradient_factor});
 }
+
+bool is_routed_expert_parameter(const std::string& name) { return name.find("mlp.experts.") != std::string::npos; }
 
 Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, const ModelConfig& c) {
   const int64_t tokens = logits.size(0), experts = logits.size(1);
@@ -84,7 +88,7 @@ torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const M
   return (f * p).sum(-1).mean() * c.aux_loss_alpha;
 }
 
-MoEImpl::MoEImpl(const ModelConfig& c) : config_(c) {
+MoEImpl::MoEImpl(const ModelConfig& c, const ExpertShard& shard) : config_(c), shard_(shard) {
   auto gate = register_module("gate", std::make_shared<torch::nn::Module>());
   gate_weight_ = gate->register_parameter("weight", torch::empty({c.n_routed_experts, c.hidden_size}));
   if (c.topk_method == "noaux_tc")  // state, not trained by gradients: a parameter without grad, so it is checkpointed
@@ -92,8 +96,12 @@ MoEImpl::MoEImpl(const ModelConfig& c) : config_(c) {
                                      /*requires_grad=*/false);
   load_ = register_buffer("expert_load", torch::zeros({c.n_routed_experts}));
   balance_loss_ = register_buffer("balance_loss", torch::zeros({}));
+  ranks_reached_ = register_buffer("ranks_reached", torch::zeros({}));
+  routed_tokens_ = register_buffer("routed_tokens", torch::zeros({}));
+  // Global expert numbers as names: a part's names are the whole layer's.
   auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
-  for (int64_t i = 0; i < c.n_routed_experts; ++i)
+  const int64_t first = shard.first(c.n_routed_experts);
+  for (int64_t i = first; i < first + shard.size(c.n_routed_experts); ++i)
     experts_.push_back(experts->register_module(std::to_string(i), SwiGLU(c.hidden_size, c.moe_intermediate_size)));
   if (c.n_shared_experts > 0)
     shared_experts_ = register_module("shared_experts",
@@ -118,22 +126,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
     torch::NoGradGuard no_grad;
     load_ += counts.to(load_.scalar_type());
   }
+  if (first_pass && shard_.count > 1) count_ranks_reached(routing.experts);
   torch::Tensor inputs = flat.index_select(0, token_of);
   torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
-  torch::Tensor host_counts;
-  {
-    accel::HostSyncExpected batch_sizes;  // the experts' batch sizes: one wait per layer
-    host_counts = counts.to(torch::kCPU);
-  }
-  const int64_t* count = host_counts.data_ptr<int64_t>();
-  std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < config_.n_routed_experts; ++e) {
-    if (count[e] == 0) continue;
-    outputs.push_back(experts_[static_cast<size_t>(e)](inputs.narrow(0, start, count[e])));
-    start += count[e];
-  }
-  torch::Tensor routed = torch::zeros_like(flat).index_add(0, token_of, torch::cat(outputs, 0) * weights);
+  torch::Tensor routed =
+      torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
   torch::Tensor out = shared_experts_ ? routed + shared_experts_(flat) : routed;
   out = out.view({batch, seq, hidden});
   if (is_training() && config_.aux_loss_alpha > 0) {
@@ -147,11 +144,50 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   return out;
 }
 
+torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts) {
+  if (shard_.count > 1) {
+    if (!expert_group_ || expert_group_->size() != shard_.count)
+      throw Error(ExitCode::kInternal, "an MoE layer holding part of its experts has no expert-parallel group");
+    const DispatchPlan plan = plan_dispatch(counts, *expert_group_);
+    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, *expert_group_, &exchange_seconds_);
+    const torch::Tensor computed = run_local_experts(received, plan, experts_);
+    return exchange_rows(computed, plan.recv_rows, plan.send_rows, *expert_group_, &exchange_seconds_);
+  }
+  torch::Tensor host_counts;
+  {
+    accel::HostSyncExpected batch_sizes;  // the experts' batch sizes: one wait per layer
+    host_counts = counts.to(torch::kCPU);
+  }
+  const int64_t* count = host_counts.data_ptr<int64_t>();
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (int64_t e = 0; e < config_.n_routed_experts; ++e) {
+    if (count[e] == 0) continue;
+    outputs.push_back(experts_[static_cast<size_t>(e)](inputs.narrow(0, start, count[e])));
+    start += count[e];
+  }
+  return torch::cat(outputs, 0);
+}
+
+// For each token, the distinct ranks its chosen experts live on (sorted, so equal neighbours are
+// one rank).
+void MoEImpl::count_ranks_reached(const torch::Tensor& chosen) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ranks = std::get<0>(chosen.div(shard_.size(config_.n_routed_experts), "floor").sort(1));
+  const torch::Tensor distinct = 1 + (ranks.narrow(1, 1, ranks.size(1) - 1) != ranks.narrow(1, 0, ranks.size(1) - 1)).sum(1);
+  ranks_reached_ += distinct.sum().to(ranks_reached_.scalar_type());
+  routed_tokens_ += static_cast<double>(chosen.size(0));
+}
+
+void MoEImpl::set_expert_group(Communicator* group) { expert_group_ = group; }
+
 void MoEImpl::update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;
   if (bias_.defined()) bias_ += (load.mean() - load).sign().to(bias_.scalar_type()) * ((1 - skipped) * gamma);
   load_.zero_();
   balance_loss_.zero_();
+  ranks_reached_.zero_();
+  routed_tokens_.zero_();
 }
 
 }  // namespace dstrain

@@ -2,7 +2,8 @@
 
 namespace dstrain {
 
-MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t layer) : DecoderLayerImpl(c, layer) {
+MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t layer, const ExpertShard& experts)
+    : DecoderLayerImpl(c, layer, experts) {
   enorm_ = register_module("enorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   hnorm_ = register_module("hnorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   eh_proj_ = register_module(

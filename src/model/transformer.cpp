@@ -28,11 +28,11 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   // Layers keep their global index as their name, so a slice's names are the whole model's.
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
-    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i)));
+    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i, slice.experts)));
   // The multi-token prediction modules follow the last layer, on the stage of the head.
   if (slice.has_head)
     for (int64_t i = c.num_layers; i < c.num_layers + c.num_nextn_predict_layers; ++i)
-      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i)));
+      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i, slice.experts)));
   register_module("layers", layers);
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }

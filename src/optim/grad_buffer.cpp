@@ -164,6 +164,7 @@ void GradientBuffer::reduce() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!reduction_.dp_group || reduction_.dp_group->size() == 1) {
     for (const Bucket& b : buckets_) zero_unwritten(b);
+    apply_divisor();
     return;
   }
   // Buckets not started yet (no overlap, a parameter without a gradient this step, or hooks on
@@ -178,6 +179,15 @@ void GradientBuffer::reduce() {
       flat_.narrow(0, b.start, b.length).copy_(b.wire);
     b.wire = b.shard = torch::Tensor();
   }
+  apply_divisor();
+}
+
+void GradientBuffer::apply_divisor() {
+  const int64_t members = reduction_.dp_group ? reduction_.dp_group->size() : 1;
+  if (reduction_.divide_sum_by == 0 || reduction_.divide_sum_by == members) return;
+  // The group averaged (divided by its size) already.
+  const double factor = static_cast<double>(members) / static_cast<double>(reduction_.divide_sum_by);
+  for (torch::Tensor& region : owned_regions()) region.mul_(factor);
 }
 
 std::vector<torch::Tensor> GradientBuffer::shard_grads() const {
@@ -194,7 +204,7 @@ std::vector<torch::Tensor> GradientBuffer::owned_regions() const {
 }
 
 void GradientBuffer::gather_parameters() {
-  if (!sharded_) return;
+  if (!sharded_ || slots_.empty()) return;
   torch::NoGradGuard no_grad;
   const torch::TensorOptions options = slots_.front().param.options();
   for (size_t b = 0; b < buckets_.size(); ++b) {

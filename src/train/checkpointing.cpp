@@ -7,6 +7,7 @@
 #include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/model/moe.h"
 
 namespace dstrain {
 namespace {
@@ -39,8 +40,20 @@ std::string global_batch_arguments(uint64_t global_batch, const std::map<std::st
 
 }  // namespace
 
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded) {
-  return checkpoint_contents(params, state_views(optimizer), sharded);
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads) {
+  if (!grads.experts()) return checkpoint_contents(params, state_views(optimizer), grads.replicated().sharded());
+  NamedTensors replicated_params, expert_params;
+  for (const auto& named : params) (is_routed_expert_parameter(named.first) ? expert_params : replicated_params).push_back(named);
+  std::vector<OptimizerStateView> replicated_states, expert_states;
+  for (const OptimizerStateView& view : state_views(optimizer))
+    (is_routed_expert_parameter(view.name) ? expert_states : replicated_states).push_back(view);
+  CheckpointContents contents = checkpoint_contents(replicated_params, replicated_states, grads.replicated().sharded());
+  const CheckpointContents experts = checkpoint_contents(expert_params, expert_states, grads.experts()->sharded());
+  // What the experts' holders each have whole is written once; the shards by their owners.
+  if (grads.writes_experts())
+    for (const auto& [name, tensor] : experts.replicated) contents.owned.push_back({name, tensor, tensor.sizes().vec(), 0});
+  contents.owned.insert(contents.owned.end(), experts.owned.begin(), experts.owned.end());
+  return contents;
 }
 
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {

@@ -37,7 +37,9 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
-    CausalLM model(c.model, rank.slices[chunk * pp + stage]);
+    LayerSlice slice = rank.slices[chunk * pp + stage];
+    slice.experts = {parallel.ep_rank(), parallel.ep};
+    CausalLM model(c.model, slice);
     if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
     cast_parameters(*model, dtype);
@@ -45,6 +47,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
     chunks.push_back(model);
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
+  for (auto [index, moe] : rank.model->moe_layers()) moe->set_expert_group(parallel.ep_group.get());
   const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   rank.executor = std::make_unique<PipelineExecutor>(

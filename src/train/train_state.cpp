@@ -156,7 +156,7 @@ bool TrainState::save_due(int64_t step) const {
 }
 
 void TrainState::save(int64_t step) {
-  CheckpointContents contents = checkpoint_contents(parts_.params, *parts_.optimizer, parts_.grads->sharded());
+  CheckpointContents contents = checkpoint_contents(parts_.params, *parts_.optimizer, *parts_.grads);
   const double blocked =
       checkpoints_->begin(step, contents.replicated, contents.owned, capture(step), default_generator_state());
   char text[96];

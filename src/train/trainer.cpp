@@ -20,6 +20,7 @@
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/guards.h"
 #include "dstrain/train/job.h"
+#include "dstrain/train/model_gradients.h"
 #include "dstrain/train/progress.h"
 #include "dstrain/train/run_directory.h"
 #include "dstrain/train/run_plan.h"
@@ -68,7 +69,7 @@ class Trainer {
   Mixture train_data_;  // one corpus, or several in proportions (data.train = a.h5:0.7,b.h5:0.3)
   RankStage stage_;
   NamedTensors params_;
-  std::unique_ptr<GradientBuffer> grads_;
+  std::unique_ptr<ModelGradients> grads_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<std::unique_ptr<PostStepHook>> post_step_hooks_;
   MoeBalancing* balancing_ = nullptr;  // MoE models: the balancing bias, among the hooks
@@ -100,11 +101,11 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   for (const CausalLM& chunk : stage_.chunks())
     for (const torch::Tensor& p : chunk->parameters())
       if (p.requires_grad()) use_order.push_back(p);
-  grads_ = std::make_unique<GradientBuffer>(
+  grads_ = std::make_unique<ModelGradients>(
       trainable, use_order,
-      GradientReduction{parallel_.dp_group.get(), dtype_named(c.comm.grad_dtype),
-                        static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)), c.comm.overlap, c.loop.grad_accum,
-                        /*shard=*/c.optim.zero == 1});
+      GradientReduction{nullptr, dtype_named(c.comm.grad_dtype), static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)),
+                        c.comm.overlap, c.loop.grad_accum, /*shard=*/c.optim.zero == 1},
+      parallel_);
   optimizer_ = std::make_unique<AdamW>(
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
@@ -151,7 +152,7 @@ StepResult Trainer::train_step(int64_t step) {
       loader_ ? step_batches(*loader_, micro_batches, placement_.device) : PipelineExecutor::BatchSource(),
       static_cast<double>(micro_batches), guards_.backward_scale(step));
   grads_->reduce();
-  torch::Tensor norm = global_grad_norm(*grads_, parallel_.pp_group.get());
+  torch::Tensor norm = grads_->global_norm();
   const torch::Tensor skipped = guards_.record_step(norm);
   // fp16: the gradients still carry the loss scale; the optimizer divides it out with clipping's.
   // (No divisor at all without either: the fused kernel would write every gradient back.)
@@ -199,7 +200,7 @@ void Trainer::save_checkpoint(int64_t step) {
 
 TrainResult Trainer::run() {
   const int64_t steps = config_.loop.steps;
-  log_run_plan(config_, plan_, parallel_, placement_, stage_, *optimizer_, grads_->sharded(), train_data_);
+  log_run_plan(config_, plan_, parallel_, placement_, stage_, *optimizer_, grads_->replicated().sharded(), train_data_);
   TrainResult result;
   if (state_->start_step() >= steps) {
     // A requeued job whose run had already finished: the run directory stays as it was.

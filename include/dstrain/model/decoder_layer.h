@@ -6,6 +6,7 @@
 #include "dstrain/core/torch_api.h"
 
 #include "dstrain/model/kv_cache.h"
+#include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/mla.h"
 #include "dstrain/model/model_config.h"
@@ -16,7 +17,8 @@ namespace dstrain {
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const ModelConfig& config, int64_t layer);
+  // `experts`: the routed experts it holds, if its MLP is MoE.
+  DecoderLayerImpl(const ModelConfig& config, int64_t layer, const ExpertShard& experts = {});
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
   // The same layer in cached decoding (the attention modules' forward_cached): x holds positions
   // start .. start + n - 1, `rope` their tables. MoE layers route as forward does in the module's

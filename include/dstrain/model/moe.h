@@ -12,6 +12,10 @@
 // Tokens travel to their experts in batches (sorted by expert, index_select in, index_add out),
 // never one by one.
 //
+// Expert parallelism: a layer may hold a contiguous part of the routed experts (ExpertShard), under
+// their global names. It still routes its own tokens over all experts, then exchanges the rows
+// with the other holders through its expert-parallel group (model/expert_dispatch.h).
+//
 // Balance: the sequence-wise auxiliary loss (V3 eq. 17-20, weight aux_loss_alpha) joins the
 // gradient through the layer's output (attach_auxiliary_loss), and each forward pass in training
 // counts the tokens each expert received (expert_load), from which a post-step hook of the
@@ -21,8 +25,11 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <string>
 #include <vector>
 
+#include "dstrain/dist/communicator.h"
+#include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
 
@@ -46,8 +53,19 @@ torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, c
 
 class MoEImpl : public torch::nn::Module {
  public:
-  explicit MoEImpl(const ModelConfig& config);
+  // `experts`: the routed experts this layer holds (all of them unless expert-parallel).
+  explicit MoEImpl(const ModelConfig& config, const ExpertShard& experts = {});
   torch::Tensor forward(const torch::Tensor& x);  // [B, S, hidden]
+
+  const ExpertShard& expert_shard() const { return shard_; }
+  // The ranks that hold the other parts, ordered by part (needed when the layer holds a part).
+  void set_expert_group(Communicator* group);
+  // Expert parallelism's measures since the last update_bias: the number of distinct group ranks
+  // each routed token reached, summed over tokens, and those tokens, fp32 0-d each (training
+  // passes only); and the wall seconds spent exchanging rows, forward and backward.
+  const torch::Tensor& ranks_reached() const { return ranks_reached_; }
+  const torch::Tensor& routed_tokens() const { return routed_tokens_; }
+  double exchange_seconds() const { return exchange_seconds_; }
 
   // Tokens each routed expert received in training forward passes since the last reset, fp32 [experts].
   torch::Tensor& expert_load() { return load_; }
@@ -59,18 +77,31 @@ class MoEImpl : public torch::nn::Module {
   // `skipped`: a 0-d fp32 tensor, 1 when the optimizer skipped the step (non-finite gradients),
   // which then leaves the bias as it is too; on the device, so that nothing waits for it.
   void update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped);
+  void reset_exchange_seconds() { exchange_seconds_ = 0; }
   const torch::Tensor& bias() const { return bias_; }
   // The gradient the balance loss receives in the next training passes: the factor the step's
   // backward pass gives the main loss (loss scale / micro-batches), a 0-dim tensor; 1 when unset.
   void set_auxiliary_loss_gradient_factor(const torch::Tensor& factor) { aux_gradient_factor_ = factor; }
 
  private:
+  // expert(row) for the (token, choice) rows `inputs`, sorted by expert (`counts` of each, on the
+  // device), computed here or by the experts' holders.
+  torch::Tensor routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts);
+  void count_ranks_reached(const torch::Tensor& chosen);
+
   ModelConfig config_;
-  torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_;
-  std::vector<SwiGLU> experts_;
+  ExpertShard shard_;
+  Communicator* expert_group_ = nullptr;
+  torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_, ranks_reached_, routed_tokens_;
+  double exchange_seconds_ = 0;
+  std::vector<SwiGLU> experts_;  // the routed experts held, in order
   SwiGLU shared_experts_{nullptr};
 };
 TORCH_MODULE(MoE);
+
+// Whether a parameter name (a global one, as checkpoints have it) is a routed expert's:
+// "...mlp.experts.<i>...", not the shared experts'.
+bool is_routed_expert_parameter(const std::string& name);
 
 // Returns `output` unchanged; its backward pass also sends `gradient_factor` (a 0-dim tensor; 1
 // when undefined) into `aux` as d(objective)/d(aux): the auxiliary loss joins the backward pass

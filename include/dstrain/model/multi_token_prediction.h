@@ -26,7 +26,7 @@ namespace dstrain {
 class MultiTokenPredictionImpl : public DecoderLayerImpl {
  public:
   // `layer`: the module's global index, num_layers + k - 1 (it decides whether its MLP is MoE).
-  MultiTokenPredictionImpl(const ModelConfig& config, int64_t layer);
+  MultiTokenPredictionImpl(const ModelConfig& config, int64_t layer, const ExpertShard& experts = {});
   // h^k [B, n, H] from h^{k-1} and the embeddings of the tokens k places ahead, both [B, n, H].
   torch::Tensor predict(const torch::Tensor& previous, const torch::Tensor& embedded, const RopeTables& rope);
   // shared_head.norm: what the shared LM head reads.

@@ -45,6 +45,9 @@ struct GradientReduction {
   bool overlap = true;                        // start buckets during the backward pass
   int64_t microbatches = 1;                   // gradients each parameter receives per step
   bool shard = false;                         // ZeRO-1: reduce-scatter; each DP rank owns a shard
+  // The sum over the group is divided by this; 0: by the group's size (an average). Expert
+  // parallelism's experts sum the gradients of more ranks' tokens than their group has members.
+  int64_t divide_sum_by = 0;
 };
 
 class GradientBuffer {
@@ -98,6 +101,7 @@ class GradientBuffer {
   friend class GradientArrivalHook;
   void on_gradient(size_t slot);  // after the parameter's gradient accumulator has run
   void launch(Bucket& bucket);
+  void apply_divisor();  // divide_sum_by, where it is not the group's size
   void zero_unwritten(const Bucket& bucket);  // added-in views that got no gradient this step
   int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.dp_group->size(); }
   int64_t shard_start(const Bucket& bucket) const {

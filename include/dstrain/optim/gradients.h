@@ -15,6 +15,8 @@ namespace dstrain {
 // holding the other parameters; nullptr when this rank holds them all) adds their squares; a
 // sharded buffer (ZeRO-1) adds those of the other shards from its own group.
 torch::Tensor global_grad_norm(GradientBuffer& buffer, Communicator* model_group);
+// The sum of the squares of the buffer's gradients, over its shards when sharded: 1-element fp32.
+torch::Tensor squared_grad_norm(GradientBuffer& buffer);
 
 // What to divide gradients of global norm `norm` by so that theirs is at most `max_norm`, as
 // torch.nn.utils.clip_grad_norm_ scales them (coefficient max_norm / (norm + 1e-6), capped at 1):

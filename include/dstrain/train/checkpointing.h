@@ -10,11 +10,15 @@
 #include "dstrain/ckpt/model_shape.h"  // model_shape_text: what ResumeExpectations::model_shape holds
 #include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/optim/adamw.h"
+#include "dstrain/train/model_gradients.h"
 
 namespace dstrain {
 
-// What a save writes of this rank's parameters and `optimizer`'s state (training_checkpoint.h).
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, bool sharded);
+// What a save writes of this rank's parameters and `optimizer`'s state (training_checkpoint.h):
+// the replicated parameters as the data-parallel ranks share them; expert parallelism's experts,
+// held by fewer ranks, by the first of their holders (or, under ZeRO-1, their optimizer state by
+// each holder for its shard).
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads);
 
 struct ResumeExpectations {
   std::string model_shape;  // model_shape_text of the run's model

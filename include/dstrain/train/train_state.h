@@ -14,7 +14,7 @@
 #include "dstrain/data/mixture.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/optim/adamw.h"
-#include "dstrain/optim/grad_buffer.h"
+#include "dstrain/train/model_gradients.h"
 #include "dstrain/optim/loss_scaler.h"
 #include "dstrain/train/job.h"
 #include "dstrain/train/train_config.h"
@@ -36,7 +36,7 @@ struct TrainStateParts {
   std::string layers_per_virtual_stage;  // "2,2"
   NamedTensors params;                   // every parameter of this rank's chunks
   AdamW* optimizer = nullptr;
-  GradientBuffer* grads = nullptr;
+  ModelGradients* grads = nullptr;
   DynamicLossScaler* loss_scaler = nullptr;  // fp16 only
 };
 
