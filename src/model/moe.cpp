@@ -149,9 +149,10 @@ torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::
     if (!expert_group_ || expert_group_->size() != shard_.count)
       throw Error(ExitCode::kInternal, "an MoE layer holding part of its experts has no expert-parallel group");
     const DispatchPlan plan = plan_dispatch(counts, *expert_group_);
-    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, *expert_group_, &exchange_seconds_);
+    double* timer = is_training() ? &exchange_seconds_ : nullptr;  // what the training log reports
+    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, *expert_group_, timer);
     const torch::Tensor computed = run_local_experts(received, plan, experts_);
-    return exchange_rows(computed, plan.recv_rows, plan.send_rows, *expert_group_, &exchange_seconds_);
+    return exchange_rows(computed, plan.recv_rows, plan.send_rows, *expert_group_, timer);
   }
   torch::Tensor host_counts;
   {

@@ -3,19 +3,34 @@
 namespace dstrain {
 
 MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& dp_group,
-                           const ModelConfig& model, int64_t micro_batches, const torch::Device& device)
+                           const ModelConfig& model, int64_t micro_batches, const torch::Device& device, int ep)
     : layers_(std::move(layers)), dp_group_(dp_group), experts_(model.n_routed_experts),
       bias_update_speed_(model.bias_update_speed), reports_balance_loss_(model.aux_loss_alpha > 0),
-      loss_divisor_(static_cast<double>(micro_batches * dp_group.size())), device_(device) {}
+      loss_divisor_(static_cast<double>(micro_batches * dp_group.size())), device_(device), ep_(ep) {}
+
+namespace {
+
+std::vector<std::pair<int64_t, double>> by_layer(const std::vector<std::pair<int64_t, MoE>>& layers,
+                                                 const torch::Tensor& values) {
+  std::vector<std::pair<int64_t, double>> result;
+  if (!values.defined()) return result;
+  const torch::Tensor host = values.to(torch::kCPU, torch::kFloat64);
+  for (size_t i = 0; i < layers.size(); ++i) result.emplace_back(layers[i].first, host[static_cast<int64_t>(i)].item<double>());
+  return result;
+}
+
+}  // namespace
 
 void MoeBalancing::after_step(const torch::Tensor& skipped) {
   if (layers_.empty()) return;
   torch::NoGradGuard no_grad;
   // The whole step's expert loads (every micro-batch, every data-parallel rank) and, in a last
-  // column, balance losses, in one reduction for all layers: the bias moves the same way on
-  // every rank.
+  // column, balance losses (and the exchange's counts), in one reduction for all layers: the bias
+  // moves the same way on every rank.
   std::vector<torch::Tensor> rows;
-  for (auto& [index, moe] : layers_) rows.push_back(torch::cat({moe->expert_load(), moe->balance_loss().reshape({1})}));
+  for (auto& [index, moe] : layers_)
+    rows.push_back(torch::cat({moe->expert_load(), moe->balance_loss().reshape({1}), moe->ranks_reached().reshape({1}),
+                               moe->routed_tokens().reshape({1})}));
   torch::Tensor all = torch::stack(rows);
   dp_group_.all_reduce(all, ReduceOp::kSum);
   const torch::Tensor loads = all.narrow(1, 0, experts_);
@@ -23,6 +38,11 @@ void MoeBalancing::after_step(const torch::Tensor& skipped) {
     layers_[i].second->update_bias(loads[static_cast<int64_t>(i)], bias_update_speed_, skipped);
   balance_ = std::get<0>(loads.max(1)) / loads.mean(1);
   if (reports_balance_loss_) balance_loss_ = all.select(1, experts_).sum() / loss_divisor_;
+  if (ep_ > 1) {
+    const torch::Tensor rank_loads = loads.reshape({loads.size(0), ep_, experts_ / ep_}).sum(2);
+    ep_balance_ = std::get<0>(rank_loads.max(1)) / rank_loads.mean(1);
+    ep_ranks_per_token_ = all.select(1, experts_ + 1) / all.select(1, experts_ + 2);
+  }
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> MoeBalancing::step_values() const {
@@ -32,13 +52,12 @@ std::vector<std::pair<std::string, torch::Tensor>> MoeBalancing::step_values() c
   return {{"balance_loss", balance_loss_.defined() ? balance_loss_ : none}};
 }
 
-std::vector<std::pair<int64_t, double>> MoeBalancing::expert_balance() const {
-  std::vector<std::pair<int64_t, double>> by_layer;
-  if (!balance_.defined()) return by_layer;
-  const torch::Tensor balance = balance_.to(torch::kCPU, torch::kFloat64);
-  for (size_t i = 0; i < layers_.size(); ++i)
-    by_layer.emplace_back(layers_[i].first, balance[static_cast<int64_t>(i)].item<double>());
-  return by_layer;
+std::vector<std::pair<int64_t, double>> MoeBalancing::expert_balance() const { return by_layer(layers_, balance_); }
+
+std::vector<std::pair<int64_t, double>> MoeBalancing::ep_rank_balance() const { return by_layer(layers_, ep_balance_); }
+
+std::vector<std::pair<int64_t, double>> MoeBalancing::ep_ranks_per_token() const {
+  return by_layer(layers_, ep_ranks_per_token_);
 }
 
 }  // namespace dstrain

@@ -29,12 +29,16 @@ std::string optional_fields_text(const nlohmann::json& r) {
   add("mfu", " | MFU %.1f%%", 100);
   add("memory_gib", " | %.1f GiB");
   add("pipeline_idle", " | bubble %.0f%%", 100);
-  if (r.contains("expert_load_max_over_mean")) {
+  auto add_worst_layer = [&](const char* key, const char* format) {
+    if (!r.contains(key)) return;
     double worst = 0;
-    for (const auto& [layer, value] : r["expert_load_max_over_mean"].items()) worst = std::max(worst, value.get<double>());
-    std::snprintf(part, sizeof part, " | expert load max/mean %.2f", worst);
+    for (const auto& [layer, value] : r[key].items()) worst = std::max(worst, value.get<double>());
+    std::snprintf(part, sizeof part, format, worst);
     text += part;
-  }
+  };
+  add_worst_layer("expert_load_max_over_mean", " | expert load max/mean %.2f");
+  add_worst_layer("ep_load_max_over_mean", " | EP rank load max/mean %.2f");
+  add("expert_exchange_share", " | expert exchange %.0f%%", 100);
   if (r.contains("loss_scale")) {
     std::snprintf(part, sizeof part, " | scale %.0f, %lld skipped", r["loss_scale"].get<double>(),
                   static_cast<long long>(r["skipped_steps"].get<int64_t>()));
@@ -156,9 +160,33 @@ StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, Parall
 
 StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing) {
   return [&balancing](nlohmann::json& record) {
-    nlohmann::json by_layer = nlohmann::json::object();  // 1 is perfect balance
-    for (const auto& [layer, value] : balancing.expert_balance()) by_layer[std::to_string(layer)] = value;
-    if (!by_layer.empty()) record["expert_load_max_over_mean"] = by_layer;
+    auto add = [&](const char* key, const std::vector<std::pair<int64_t, double>>& values) {
+      nlohmann::json by_layer = nlohmann::json::object();
+      for (const auto& [layer, value] : values) by_layer[std::to_string(layer)] = value;
+      if (!by_layer.empty()) record[key] = by_layer;
+    };
+    add("expert_load_max_over_mean", balancing.expert_balance());  // 1 is perfect balance
+    add("ep_load_max_over_mean", balancing.ep_rank_balance());
+    add("ep_ranks_per_token", balancing.ep_ranks_per_token());
+  };
+}
+
+StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, ParallelContext& parallel,
+                                              int64_t start_step) {
+  auto last_step = std::make_shared<int64_t>(start_step);
+  return [&stage, &parallel, last_step](nlohmann::json& record) {
+    // The interval's training passes only: evaluation's exchanges are not counted.
+    double seconds = 0;
+    for (auto [index, moe] : stage.moe_layers()) {
+      seconds += moe->exchange_seconds();
+      moe->reset_exchange_seconds();
+    }
+    const int64_t step = record["step"].get<int64_t>();
+    const double interval = record["step_time_s"].get<double>() * static_cast<double>(step - *last_step);
+    *last_step = step;
+    torch::Tensor share = torch::full({1}, interval > 0 ? seconds / interval : 0.0, torch::kFloat64);
+    parallel.world->all_reduce(share, ReduceOp::kAvg);
+    record["expert_exchange_share"] = share.item<double>();
   };
 }
 

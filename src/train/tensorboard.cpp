@@ -24,6 +24,9 @@ std::string tensorboard_tag(const std::string& key) {
       {"pipeline_idle", "perf/pipeline_idle"},
       {"memory_gib", "perf/memory_gib"},
       {"expert_load_max_over_mean", "moe/expert_load_max_over_mean"},
+      {"ep_load_max_over_mean", "moe/ep_load_max_over_mean"},
+      {"ep_ranks_per_token", "moe/ep_ranks_per_token"},
+      {"expert_exchange_share", "perf/expert_exchange_share"},
       {"balance_loss", "moe/balance_loss"},
   };
   if (key == "step") return "";

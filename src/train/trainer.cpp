@@ -110,7 +110,7 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
     auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), *parallel_.dp_group, c.model,
-                                                    c.loop.grad_accum, device);
+                                                    c.loop.grad_accum, device, parallel_.ep);
     balancing_ = balancing.get();
     post_step_hooks_.push_back(std::move(balancing));
   }
@@ -134,6 +134,8 @@ void Trainer::open_run_directory() {
       parallel_);
   if (parallel_.grid.pp() > 1) report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
+  if (parallel_.ep > 1)
+    report_->add_field_source(expert_exchange_field(*stage_.model, parallel_, state_->start_step()));
   report_->add_field_source(guards_.loss_scale_fields());
   report_->add_sink(std::make_unique<ConsoleSink>(state_->start_step(), config_.loop.steps));
   // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run

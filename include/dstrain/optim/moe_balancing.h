@@ -1,7 +1,9 @@
 // DeepSeek-V3's auxiliary-loss-free balancing as a post-step hook: after each step, the tokens
 // every routed expert of this stage's MoE layers received (every micro-batch, summed over the
 // data-parallel ranks) move the layer's bias (MoEImpl::update_bias), the same way on every rank.
-// The same reduction brings the sequence-wise balance loss, which the hook reports.
+// The same reduction brings the sequence-wise balance loss, which the hook reports, and under
+// expert parallelism the measures of the token exchange: how evenly the expert-parallel ranks are
+// loaded, and how many of them a token reaches.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +20,10 @@ namespace dstrain {
 class MoeBalancing : public PostStepHook {
  public:
   // `layers`: this stage's MoE layers by global layer index (none on a stage without them);
-  // `micro_batches`: per data-parallel rank and step; `device`: the model's.
+  // `micro_batches`: per data-parallel rank and step; `device`: the model's; `ep`: the
+  // expert-parallel ranks the layers' experts are split over.
   MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& dp_group, const ModelConfig& model,
-               int64_t micro_batches, const torch::Device& device);
+               int64_t micro_batches, const torch::Device& device, int ep = 1);
 
   void after_step(const torch::Tensor& skipped) override;
   // "balance_loss" (with model.aux_loss_alpha): the step's balance loss of this stage's layers,
@@ -30,6 +33,11 @@ class MoeBalancing : public PostStepHook {
   // balance), by global layer index; empty before the first step or without MoE layers.
   // Synchronises.
   std::vector<std::pair<int64_t, double>> expert_balance() const;
+  // Expert parallelism (empty without it), by global layer index, the last step's: max/mean of
+  // the tokens each expert-parallel rank received (summed over the expert-parallel groups), and
+  // the mean number of expert-parallel ranks a token was sent to. Synchronise.
+  std::vector<std::pair<int64_t, double>> ep_rank_balance() const;
+  std::vector<std::pair<int64_t, double>> ep_ranks_per_token() const;
 
  private:
   std::vector<std::pair<int64_t, MoE>> layers_;
@@ -41,6 +49,8 @@ class MoeBalancing : public PostStepHook {
   torch::Device device_;
   torch::Tensor balance_loss_;  // the last step's
   torch::Tensor balance_;       // the last step's max/mean expert load of each layer
+  int ep_;
+  torch::Tensor ep_balance_, ep_ranks_per_token_;  // the last step's, each layer's (ep > 1)
 };
 
 }  // namespace dstrain

@@ -20,6 +20,7 @@
 #include "dstrain/optim/lr_schedule.h"
 #include "dstrain/optim/moe_balancing.h"
 #include "dstrain/pipeline/executor.h"
+#include "dstrain/train/language_model_stage.h"
 #include "dstrain/train/report_sink.h"
 
 namespace dstrain {
@@ -110,7 +111,13 @@ class StepReport {
 // The share of the steps' time each stage's device waited for its neighbours, averaged over
 // every rank: the pipeline's bubble as it happened (collective over the world).
 StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, ParallelContext& parallel);
-// This stage's MoE layers: max/mean of the tokens their experts received in the last step.
+// This stage's MoE layers: max/mean of the tokens their experts received in the last step, and
+// under expert parallelism the same for the expert-parallel ranks and the ranks a token reached.
 StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing);
+// Expert parallelism: the share of the interval's time spent exchanging tokens (dispatch and
+// combine, forward and backward, waits for peers included), averaged over every rank (collective).
+// `start_step`: the step the run continues after.
+StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, ParallelContext& parallel,
+                                              int64_t start_step);
 
 }  // namespace dstrain
