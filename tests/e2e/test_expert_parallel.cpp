@@ -1,0 +1,188 @@
+// Expert parallelism (parallel.ep) on real mpirun ranks, against the same training on one rank:
+// input/tiny-v3.ini's 8 routed experts in 4 groups (2 chosen per token from 2 groups), a shared
+// expert, auxiliary-loss-free balancing and a multi-token prediction module with an MoE layer.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <map>
+
+#include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/ckpt/training_checkpoint.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+constexpr int kSteps = 10;
+
+RunOutput train_v3(int ranks, const std::string& run_dir, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                   "--run.dir", run_dir, "--data.train", test_corpus().train, "--data.valid",
+                                   test_corpus().valid, "--train.device", "cpu", "--train.micro_batch", "1",
+                                   "--train.global_batch", "8", "--train.steps", std::to_string(kSteps),
+                                   "--ckpt.interval", "5", "--ckpt.save_final", "true"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(ranks, args);
+}
+
+// The run on one rank, once per test process.
+const std::string& single_rank() {
+  static std::string dir = [] {
+    std::string d = scratch_dir("ep-one-rank-" + std::to_string(getpid()));
+    RunOutput run = train_v3(1, d, {});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return d;
+  }();
+  return dir;
+}
+
+// Every step's losses within 1e-5 of `reference`'s steps of the same number.
+void expect_same_losses(const std::string& dir, const std::string& reference, size_t steps) {
+  auto mine = train_records(dir), theirs = train_records(reference);
+  ASSERT_EQ(mine.size(), steps) << dir;
+  std::map<int64_t, nlohmann::json> by_step;
+  for (const auto& record : theirs) by_step[record["step"].get<int64_t>()] = record;
+  for (const auto& record : mine) {
+    const int64_t step = record["step"].get<int64_t>();
+    ASSERT_TRUE(by_step.count(step)) << "step " << step;
+    for (const char* key : {"loss", "mtp_loss", "balance_loss"})
+      EXPECT_NEAR(record[key].get<double>(), by_step[step][key].get<double>(), 1e-5) << key << " at step " << step;
+  }
+}
+
+void expect_same_parameters(const std::string& dir, const std::string& reference) {
+  const dstrain::NamedTensors a = dstrain::read_parameter_file(dir + "/final_model.h5");
+  const dstrain::NamedTensors b = dstrain::read_parameter_file(reference + "/final_model.h5");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_LT((a[i].second - b[i].second).abs().max().item<float>(), 1e-5) << a[i].first;
+  }
+}
+
+std::string checkpoint(const std::string& dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/checkpoints/step_%08d.h5", step);
+  return dir + name;
+}
+
+}  // namespace
+
+// ep 2, ep 4 over dp 4, ep 2 with ZeRO-1, and dp 4 × ep 2 × pp 2 on 8 ranks train the model one
+// rank trains: every step's losses and the final parameters (all experts, gathered from their
+// holders) by name. The log reports the exchange: each token reaches at most topk_group ranks,
+// since the 4 expert groups lie whole on the ranks.
+TEST(ExpertParallel, EveryLayoutMatchesOneRank) {
+  const std::vector<std::pair<int, std::vector<std::string>>> layouts = {
+      {2, {"--parallel.ep", "2"}},
+      {4, {"--parallel.ep", "4"}},
+      {4, {"--parallel.ep", "2", "--optim.zero", "1"}},
+      {8, {"--parallel.ep", "2", "--parallel.pp", "2"}}};
+  for (const auto& [ranks, options] : layouts) {
+    const std::string dir = scratch_dir("ep-layout-" + std::to_string(ranks) + "-" + options[1] +
+                                        (options.size() > 2 ? options[2].substr(11) : ""));
+    SCOPED_TRACE(dir);
+    RunOutput run = train_v3(ranks, dir, options);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    expect_same_losses(dir, single_rank(), kSteps);
+    expect_same_parameters(dir, single_rank());
+    EXPECT_NE(run.output.find("EP rank load max/mean"), std::string::npos);
+    EXPECT_NE(run.output.find("expert exchange"), std::string::npos);
+    const nlohmann::json last = train_records(dir).back();
+    ASSERT_TRUE(last.contains("ep_ranks_per_token")) << last.dump();
+    for (const auto& [layer, ranks_reached] : last["ep_ranks_per_token"].items()) {
+      EXPECT_GE(ranks_reached.get<double>(), 1.0) << layer;
+      EXPECT_LE(ranks_reached.get<double>(), 2.0) << layer;  // model.topk_group
+    }
+    EXPECT_GE(last["ep_load_max_over_mean"]["1"].get<double>(), 1.0);
+    EXPECT_GT(last["expert_exchange_share"].get<double>(), 0.0);
+  }
+}
+
+// A checkpoint of ep 4 holds every expert under its own name, whoever held it: resumed as ep 4 the
+// run ends bitwise where it ended without stopping; as dp 2 × ep 2 × pp 2, or on one rank, it goes
+// on with the same losses.
+TEST(ExpertParallel, CheckpointsResumeOnAnyLayout) {
+  const std::string ep4 = scratch_dir("ep4-uninterrupted");
+  RunOutput run = train_v3(4, ep4, {"--parallel.ep", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string middle = checkpoint(ep4, 5);
+  {
+    dstrain::CheckpointReader reader(middle);
+    for (const char* name : {"model/model.layers.1.mlp.experts.0.up_proj.weight",
+                             "model/model.layers.3.mlp.experts.7.down_proj.weight",
+                             "optim/model.layers.2.mlp.experts.5.gate_proj.weight/exp_avg"})
+      EXPECT_NE(reader.find(name), nullptr) << name;
+  }
+  const std::string again = scratch_dir("ep4-resumed-ep4");
+  run = train_v3(4, again, {"--parallel.ep", "4", "--ckpt.resume", middle});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(read_json(again + "/summary.json")["param_digest"], read_json(ep4 + "/summary.json")["param_digest"]);
+
+  const std::vector<std::pair<int, std::vector<std::string>>> others = {
+      {4, {"--parallel.ep", "2", "--parallel.pp", "2"}}, {1, {}}};
+  for (const auto& [ranks, options] : others) {
+    const std::string dir = scratch_dir("ep4-resumed-on-" + std::to_string(ranks));
+    std::vector<std::string> args = options;
+    args.insert(args.end(), {"--ckpt.resume", middle});
+    run = train_v3(ranks, dir, args);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    expect_same_losses(dir, ep4, kSteps - 5);
+    expect_same_parameters(dir, ep4);
+  }
+}
+
+// Biases that send every token to experts 0 and 1: expert-parallel rank 0 of 4 receives every
+// row, ranks 1-3 none, in every exchange forward and backward. Nothing hangs, nothing is dropped,
+// and the run still equals one rank's.
+TEST(ExpertParallel, AllTokensOnOneRankStillMatchOneRank) {
+  dstrain::CheckpointReader start(single_rank() + "/final_model.h5");
+  std::map<std::string, torch::Tensor> weights;
+  std::vector<std::string> names;
+  for (auto& [name, tensor] : dstrain::read_parameter_file(start.path())) {
+    if (name.find("e_score_correction_bias") != std::string::npos) {
+      tensor.zero_();
+      tensor.narrow(0, 0, 2).fill_(10.0);
+    }
+    weights[name] = tensor;
+    names.push_back(name);
+  }
+  const std::string skewed = scratch_dir("ep-skewed") + "/skewed.h5";
+  dstrain::write_model_checkpoint(skewed, names, [&](const std::string& name) { return weights.at(name); },
+                                  start.state());
+  const std::string one = scratch_dir("ep-skewed-one"), ep4 = scratch_dir("ep-skewed-ep4");
+  RunOutput run = train_v3(1, one, {"--ckpt.load_weights", skewed, "--train.steps", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  run = train_v3(4, ep4, {"--ckpt.load_weights", skewed, "--train.steps", "4", "--parallel.ep", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  expect_same_losses(ep4, one, 4);
+  expect_same_parameters(ep4, one);
+  for (const nlohmann::json& record : train_records(ep4))
+    for (const char* layer : {"1", "2", "3"}) {
+      EXPECT_DOUBLE_EQ(record["ep_load_max_over_mean"][layer].get<double>(), 4.0) << "layer " << layer;
+      EXPECT_DOUBLE_EQ(record["ep_ranks_per_token"][layer].get<double>(), 1.0) << "layer " << layer;
+    }
+}
+
+// Layouts that cannot split the experts: exit code 2 and a message naming both numbers.
+TEST(ExpertParallel, RefusesLayoutsThatDoNotDivide) {
+  struct Case {
+    int ranks;
+    std::vector<std::string> options;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {2, {"--parallel.ep", "4"}, "must divide parallel.dp = 2"},
+      {3, {"--parallel.ep", "3"}, "must divide model.n_routed_experts = 8"},
+      {2, {"--parallel.ep", "2", "--model.n_routed_experts", "0", "--model.n_shared_experts", "0"},
+       "the model has no routed experts"}};
+  for (const Case& c : cases) {
+    RunOutput run = train_v3(c.ranks, scratch_dir("ep-refused"), c.options);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find("parallel.ep"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(c.message), std::string::npos) << run.output;
+  }
+}
