@@ -15,7 +15,7 @@ void add_parallel_options(OptionTable& t) {
         "(must divide parallel.dp and model.n_routed_experts)");
   t.add("parallel.order", OptionKind::kString, "dp-pp",
         "grid dimensions, innermost (consecutive ranks) first: dp-pp keeps data-parallel groups on consecutive "
-        "ranks, pp-dp pipeline groups; other dimensions, such as ep, join the order as they are added");
+        "ranks, pp-dp pipeline groups; expert parallelism lies inside dp, its innermost part");
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
         "pipeline schedule: gpipe, 1f1b, or interleaved (1F1B over virtual_stages chunks per stage)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",

@@ -47,6 +47,11 @@ void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelConte
     for (const LayerSlice& slice : stage.slices) text += " " + std::to_string(slice.last - slice.first);
     log::info(text);
   }
+  if (parallel.ep > 1) {
+    log::info("experts: the ", c.model.n_routed_experts, " routed experts of each MoE layer split over ", parallel.ep,
+              " expert-parallel ranks, ", c.model.n_routed_experts / parallel.ep,
+              " each; their gradients averaged over ", parallel.grid.dp() / parallel.ep, " rank(s) holding the same");
+  }
   char state[128];
   std::snprintf(state, sizeof state, "optimizer state: %.1f MiB on rank 0%s", optimizer.state_bytes() / 1048576.0,
                 sharded ? ", sharded over the data-parallel ranks (ZeRO-1)" : "");

@@ -269,8 +269,10 @@ TrainResult run_training(Options options) {
     TrainConfig config = read_train_config(options, world_size);
     log::configure(world_rank, world_size, config.log.all_ranks);
     // Before the communicators: a set-up that fails comes after the configuration it failed with.
-    log::info("dstrain ", DSTRAIN_VERSION, ": ", world_size, " rank(s), dp ", config.parallel.dp, " × pp ",
-              config.parallel.pp, "\neffective configuration:\n", options.to_ini());
+    const ParallelConfig& p = config.parallel;
+    log::info("dstrain ", DSTRAIN_VERSION, ": ", world_size, " rank(s), dp ", p.dp, " × pp ", p.pp,
+              p.ep > 1 ? " (experts split over ep " + std::to_string(p.ep) + ")" : "", "\neffective configuration:\n",
+              options.to_ini());
     return config;
   });
   const std::string config_text = options.to_ini();

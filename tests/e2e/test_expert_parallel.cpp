@@ -117,6 +117,18 @@ TEST(ExpertParallel, CheckpointsResumeOnAnyLayout) {
                              "optim/model.layers.2.mlp.experts.5.gate_proj.weight/exp_avg"})
       EXPECT_NE(reader.find(name), nullptr) << name;
   }
+  // Evaluated with its experts split again, the final model gives one rank's loss.
+  double eval_loss[2] = {0, 0};
+  for (int ep : {1, 4}) {
+    const std::string json = scratch_dir("ep-eval-" + std::to_string(ep)) + "/eval.json";
+    RunOutput eval = run_dstrain(ep == 1 ? 0 : ep, {"eval", "--ckpt", ep4 + "/final_model.h5", "--data", test_corpus().valid,
+                                                    "--json", json, "--parallel.ep", std::to_string(ep)});
+    ASSERT_EQ(eval.exit_code, 0) << eval.output;
+    eval_loss[ep == 4] = read_json(json)["loss"].get<double>();
+  }
+  EXPECT_NEAR(eval_loss[1], eval_loss[0], 1e-6);
+  EXPECT_GT(eval_loss[0], 0.0);
+
   const std::string again = scratch_dir("ep4-resumed-ep4");
   run = train_v3(4, again, {"--parallel.ep", "4", "--ckpt.resume", middle});
   ASSERT_EQ(run.exit_code, 0) << run.output;

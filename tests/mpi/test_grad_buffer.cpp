@@ -108,6 +108,33 @@ TEST(GradientBuffer, EveryWayOfReducingGivesTheSameAverage) {
   EXPECT_LT(((plain - sixteen_bits).norm() / plain.norm()).item<double>(), 1e-2);
 }
 
+// divide_sum_by (expert parallelism's experts): the group's sum divided by another number than
+// its size, whole or sharded, and by a group of one rank, which sends nothing.
+TEST(GradientBuffer, SumDividedByTheGivenNumber) {
+  MpiCommunicator dp(MPI_COMM_WORLD);
+  MPI_Comm alone = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, dp.rank(), 0, &alone);
+  MpiCommunicator self(alone);
+  auto reduced = [&](Communicator& group, bool shard, int64_t divisor) {
+    torch::manual_seed(7);
+    Stack model(torch::kFloat32);
+    GradientBuffer buffer(model.named, model.weights, {&group, torch::kFloat32, 1024, true, 1, shard, divisor});
+    buffer.zero();
+    model.loss(inputs(dp.rank(), 0)).backward();
+    buffer.reduce();
+    std::vector<torch::Tensor> regions;
+    for (const torch::Tensor& region : buffer.owned_regions()) regions.push_back(region.clone());
+    return torch::cat(regions);
+  };
+  for (bool shard : {false, true}) {
+    const torch::Tensor average = reduced(dp, shard, 0), divided = reduced(dp, shard, 3 * dp.size());
+    EXPECT_TRUE(torch::allclose(divided, average / 3, 1e-6, 1e-9)) << (shard ? "sharded" : "whole");
+  }
+  const torch::Tensor own = reduced(self, false, 0), own_divided = reduced(self, false, 4);
+  EXPECT_GT(own.abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(torch::allclose(own_divided, own / 4, 1e-6, 1e-9));
+}
+
 // bf16 gradients are copied into the buffer by their step's first arrival instead of added to a
 // zeroed buffer: a step that leaves some parameters without a gradient must still average zeros
 // for them, not what the last step left, whole or sharded.
