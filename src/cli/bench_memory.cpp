@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "bench.h"
+#include "dstrain/core/blas.h"
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/device.h"
@@ -32,6 +33,7 @@ nlohmann::json memory(const Options& o) {
   int64_t bytes = o.get_int("bench.bytes", 0);
   if (bytes == 0) bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{256} << 20);
   torch::set_num_threads(static_cast<int>(o.get_int("train.threads", 1, 1024)));
+  blas::set_threads(static_cast<int>(o.get_int("train.threads", 1, 1024)));
   const int64_t count = bytes / 4;
   nlohmann::json rows = nlohmann::json::array();
   auto report = [&](const char* what, double moved, double seconds) {

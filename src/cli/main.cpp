@@ -29,6 +29,7 @@
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/system_report.h"
+#include "dstrain/core/blas.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -70,7 +71,12 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   }
   MpiSession mpi(&argc, &argv);
   log::configure(mpi.world_rank(), mpi.world_size(), false);
-  if (mpi.world_rank() == 0) log::info(system_report());
+  if (mpi.world_rank() == 0) {
+    log::info(system_report());
+    if (blas::loaded().reference)
+      log::warning("the CPU computes on the reference BLAS (", blas::loaded().path, "), about 10 times slower than "
+                   "OpenBLAS: scripts/install-deps.sh installs and selects OpenBLAS (libopenblas0-pthread)");
+  }
   const TrainResult result = run_training(parsed.options);
   return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
 }

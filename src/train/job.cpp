@@ -1,5 +1,6 @@
 #include "dstrain/train/job.h"
 
+#include "dstrain/core/blas.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/mpi_check.h"
@@ -13,6 +14,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &job.world_rank));
   agreed_phase(job.world_rank, [&] { job.config = read_config(job.world_size, job.world_rank); });  // this rank alone
   torch::set_num_threads(job.config.loop.threads);
+  blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
   enable_cuda_kernels(job.config.loop.cuda_kernels);
   std::string backend;
   agreed_phase(job.world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dstrain/core/accelerator.h"
+#include "dstrain/core/blas.h"
 #include "dstrain/core/error.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
@@ -97,7 +98,7 @@ std::string system_report() {
               gib(static_cast<double>(accel::device_total_memory(i)));
   report += std::string("\nLibTorch ") + TORCH_VERSION + ", MPI " + mpi_version() + ", NCCL " + nccl_version() +
             ", HDF5 " + hdf5_version() + ", CUDA " + cuda_version() +
-            (cuda_kernels_built() ? " with dstrain's kernels" : "");
+            (cuda_kernels_built() ? " with dstrain's kernels" : "") + ", BLAS " + blas::loaded().name;
   return report;
 }
 
