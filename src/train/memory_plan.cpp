@@ -5,6 +5,8 @@
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/pipeline/partition.h"
+#include "dstrain/pipeline/schedule.h"
+#include "dstrain/pipeline/simulator.h"
 
 namespace dstrain {
 namespace {
@@ -31,11 +33,22 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_atte
   o.seq_len = c.loop.seq_len;
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
   o.fused_attention = fused_attention;
-  // The first stage holds the most micro-batches between their forward and backward passes.
-  o.micro_batches_in_flight =
-      c.parallel.schedule == "gpipe" ? c.loop.grad_accum : std::min<int64_t>(c.parallel.pp, c.loop.grad_accum);
   o.tokens_exchanged = c.parallel.ep > 1;
   return o;
+}
+
+// Micro-batches whose activations each stage keeps at once, as the schedule runs them (the
+// simulator counts (micro-batch, chunk) pairs; a stage's chunks are taken as equal): GPipe keeps
+// every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where the
+// multi-token prediction modules sit unrecomputed, keeps one.
+std::vector<int64_t> micro_batches_in_flight(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  const Schedule schedule = make_schedule(schedule_kind_named(p.schedule), p.pp, p.virtual_stages,
+                                          static_cast<int>(c.loop.grad_accum));
+  std::vector<int64_t> in_flight;
+  for (int chunks : simulate(schedule, SimulationCosts{}).peak_live)
+    in_flight.push_back((chunks + p.virtual_stages - 1) / p.virtual_stages);
+  return in_flight;
 }
 
 }  // namespace
@@ -65,8 +78,10 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
   const int pp = c.parallel.pp, chunks = c.parallel.virtual_stages;
   const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
   ActivationMemoryOptions options = activation_options(c, fused_attention);
+  const std::vector<int64_t> in_flight = micro_batches_in_flight(c);
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
+    options.micro_batches_in_flight = in_flight[static_cast<size_t>(stage)];
     std::vector<LayerSlice> mine;
     for (int chunk = 0; chunk < chunks; ++chunk) mine.push_back(slices[static_cast<size_t>(chunk * pp + stage)]);
     const MemoryPlan state = state_memory(c, stage_parameters(c.model, mine));

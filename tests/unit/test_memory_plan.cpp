@@ -3,6 +3,12 @@
 // shards their optimizer state over the dp / ep ranks that hold the same ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "dstrain/model/activation_memory.h"
+#include "dstrain/pipeline/partition.h"
 #include "dstrain/train/memory_plan.h"
 #include "dstrain/train/train_config.h"
 
@@ -12,11 +18,13 @@ namespace {
 
 // input/tiny-v3.ini (V3-shaped: MLA with query compression, 1 shared + 8 routed experts, the
 // first of 3 layers dense, one MTP module) on `ranks` ranks, bf16, one pipeline stage.
-TrainConfig tiny_v3(int ranks, int ep, int zero, const std::string& recompute = "none") {
+TrainConfig tiny_v3(int ranks, int ep, int zero, const std::vector<std::string>& more = {}) {
   OptionTable table = train_option_table();
-  ParsedCommandLine parsed = parse_command_line(
-      table, {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini", "--parallel.ep", std::to_string(ep),
-              "--optim.zero", std::to_string(zero), "--train.precision", "bf16", "--train.recompute", recompute});
+  std::vector<std::string> args = {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                   "--parallel.ep", std::to_string(ep), "--optim.zero", std::to_string(zero),
+                                   "--train.precision", "bf16"};
+  args.insert(args.end(), more.begin(), more.end());
+  ParsedCommandLine parsed = parse_command_line(table, args);
   return read_model_and_layout(parsed.options, ranks);
 }
 
@@ -74,4 +82,24 @@ TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
   // Fused attention keeps no score matrix, with or without the exchange.
   EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), true).activations - plan_memory(tiny_v3(8, 1, 0), true).activations,
                    added);
+}
+
+// A pipeline keeps as many micro-batches per stage as its schedule does: 1F1B's first of 2 stages
+// 2 (its forward of the second starts before the first's backward), the last 1; GPipe all 4.
+TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
+  auto stage_peak = [](const TrainConfig& c, int stage, int64_t in_flight) {
+    ActivationMemoryOptions o;
+    o.micro_batch = c.loop.micro_batch;
+    o.seq_len = c.loop.seq_len;
+    o.element_bytes = 2;
+    o.micro_batches_in_flight = in_flight;
+    const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
+    return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
+  };
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    const TrainConfig c = tiny_v3(2, 1, 0, {"--parallel.pp", "2", "--train.grad_accum", "4", "--parallel.schedule", schedule});
+    const bool gpipe = schedule == "gpipe";
+    const double expected = std::max(stage_peak(c, 0, gpipe ? 4 : 2), stage_peak(c, 1, gpipe ? 4 : 1));
+    EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected) << schedule;
+  }
 }
