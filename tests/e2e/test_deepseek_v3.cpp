@@ -180,3 +180,18 @@ TEST(ModelInfo, ExpertParallelismSplitsTheRoutedExperts) {
   EXPECT_NE(experts_left.output.find("parallel.ep = 3: must divide model.n_routed_experts = 256"), std::string::npos)
       << experts_left.output;
 }
+
+// DeepSeek's own layout (README): 2048 ranks, pp 16, ep 64, ZeRO-1, bf16, seq 4096, micro-batch 1
+// plans within 60 GiB per rank with full recomputation, and far beyond it without.
+TEST(ModelInfo, DeepSeekV3OnItsOwnLayoutFitsWithFullRecomputation) {
+  RunOutput run = run_dstrain(0, {"model", "info", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3.ini",
+                                  "--json", "--ranks", "2048", "--parallel.pp", "16", "--parallel.ep", "64",
+                                  "--optim.zero", "1", "--train.precision", "bf16", "--train.recompute", "full"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json plan = nlohmann::json::parse(run.output);
+  EXPECT_EQ(plan["seq_len"], 4096);
+  const nlohmann::json& m = plan["memory_per_rank"];
+  const double gib = 1024.0 * 1024 * 1024, state = m["total"].get<double>() - m["activations"].get<double>();
+  EXPECT_LE(m["total"].get<double>(), 60 * gib);
+  EXPECT_GT(state + m["activations_by_recompute"]["none"].get<double>(), 60 * gib);
+}
