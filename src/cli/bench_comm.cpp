@@ -1,10 +1,15 @@
-// bench comm: all-reduce, reduce-scatter and all-gather over message sizes, with bus bandwidth as
-// nccl-tests defines it (the figure to compare with the links' speed, whatever the rank count):
+// bench comm: all-reduce, reduce-scatter, all-gather and all-to-all over message sizes, with bus
+// bandwidth as nccl-tests defines it (the figure to compare with the links' speed, whatever the
+// rank count):
 //   all-reduce       busbw = algbw × 2(n − 1)/n
 //   reduce-scatter,
-//   all-gather       busbw = algbw × (n − 1)/n      (size: the whole n-chunk buffer)
+//   all-gather,
+//   all-to-all       busbw = algbw × (n − 1)/n      (size: the whole n-chunk buffer)
+// The all-to-all sends size/n to every rank, itself included, as expert parallelism's token
+// exchange does with evenly loaded experts; the chunk a rank keeps crosses no link, hence (n − 1)/n.
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 #include "bench.h"
 #include "dstrain/core/log.h"
@@ -66,6 +71,8 @@ nlohmann::json comm(const Options& o) {
     const double size = 4.0 * static_cast<double>(count);
     auto f32 = torch::dtype(torch::kFloat32).device(placement.device);
     torch::Tensor full = torch::ones({count}, f32), chunk = torch::ones({count / world_size}, f32);
+    torch::Tensor exchanged = torch::empty({count}, f32);
+    const std::vector<int64_t> equal_split(static_cast<size_t>(world_size), count / world_size);
     struct Measured {
       const char* name;
       double seconds, bus_factor;
@@ -75,6 +82,9 @@ nlohmann::json comm(const Options& o) {
         {"reduce_scatter", time_per_call(group, iters, [&] { group.reduce_scatter(chunk, full, ReduceOp::kSum); }),
          (n - 1) / n},
         {"all_gather", time_per_call(group, iters, [&] { group.all_gather(full, chunk); }), (n - 1) / n},
+        {"all_to_all",
+         time_per_call(group, iters, [&] { group.all_to_all(exchanged, full, equal_split, equal_split); }),
+         (n - 1) / n},
     };
     for (const Measured& m : measured) {
       const double algbw = size / m.seconds / 1e9;

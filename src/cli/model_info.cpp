@@ -8,13 +8,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <map>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/torch_compat.h"
-#include "dstrain/model/activation_memory.h"
 #include "dstrain/model/flops.h"
-#include "dstrain/pipeline/partition.h"
+#include "dstrain/train/memory_plan.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -23,9 +21,8 @@ namespace {
 const char* kUsage =
     "usage: dstrain model info --config FILE [--ranks N] [--json] [--section.key value ...]\n\n"
     "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
-    "the configuration's layout on N ranks (default 1; parallel.pp and optim.zero as configured).\n";
-
-size_t element_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+    "the configuration's layout on N ranks (default 1; parallel.pp, parallel.ep and optim.zero as\n"
+    "configured: with ep > 1 each rank holds 1/ep of the routed experts).\n";
 
 std::string gib(double bytes) {
   char text[32];
@@ -39,56 +36,6 @@ std::string billions(double n) {
   return text;
 }
 
-// What one rank of the most loaded pipeline stage holds, in bytes.
-struct MemoryPlan {
-  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
-  std::map<std::string, double> activations_by_recompute;  // the step's peak, by train.recompute
-  double total() const { return parameters + gradients + optimizer_state + activations; }
-};
-
-MemoryPlan plan_memory(const TrainConfig& config) {
-  const ModelConfig& m = config.model;
-  const int pp = config.parallel.pp, chunks = config.parallel.virtual_stages;
-  const std::vector<LayerSlice> slices =
-      partition_layers(m, config.loop.seq_len, pp * chunks, config.parallel.stage_layers);
-  const size_t element = element_bytes(config.loop.precision);
-  ActivationMemoryOptions activation_options;
-  activation_options.micro_batch = config.loop.micro_batch;
-  activation_options.seq_len = config.loop.seq_len;
-  activation_options.element_bytes = static_cast<int64_t>(element);
-  activation_options.fused_attention = compat::kHasFusedAttention;
-  // The first stage holds the most micro-batches between their forward and backward passes.
-  activation_options.micro_batches_in_flight =
-      config.parallel.schedule == "gpipe" ? config.loop.grad_accum : std::min<int64_t>(pp, config.loop.grad_accum);
-  MemoryPlan plan;
-  double stage_params = 0;
-  for (int stage = 0; stage < pp; ++stage) {
-    std::vector<LayerSlice> mine;
-    double params = 0;
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-      const LayerSlice& slice = slices[static_cast<size_t>(chunk * pp + stage)];
-      mine.push_back(slice);
-      if (slice.has_embedding) params += static_cast<double>(m.vocab_size * m.hidden_size);
-      if (slice.has_head) params += static_cast<double>(m.vocab_size * m.hidden_size + m.hidden_size);
-      for (int64_t layer = slice.first; layer < slice.last; ++layer) params += static_cast<double>(layer_parameters(m, layer));
-      if (slice.has_head) params += static_cast<double>(count_parameters(m).mtp);
-    }
-    stage_params = std::max(stage_params, params);
-    for (const char* mode : {"none", "full"}) {
-      const bool configured = mode == config.loop.recompute;
-      activation_options.recompute = {recompute_named(mode), configured ? config.loop.recompute_layers : 0};
-      double& peak = plan.activations_by_recompute[mode];
-      peak = std::max(peak, step_activation_bytes(m, mine, activation_options));
-    }
-  }
-  plan.parameters = stage_params * static_cast<double>(element);
-  plan.gradients = stage_params * 4;  // the fp32 gradient buffer
-  const double divisor = config.optim.zero == 1 ? config.parallel.dp : 1;
-  plan.optimizer_state = stage_params * (8.0 + (element == 4 ? 0.0 : 4.0)) / divisor;  // moments (+ masters)
-  plan.activations = plan.activations_by_recompute.at(config.loop.recompute);
-  return plan;
-}
-
 nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
   const ParameterCounts counts = count_parameters(config.model);
   const ParallelConfig& p = config.parallel;
@@ -99,7 +46,12 @@ nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan&
           {"flops_per_token", training_flops_per_token(config.model, config.loop.seq_len)},
           {"seq_len", config.loop.seq_len},
           {"layout",
-           {{"ranks", ranks}, {"dp", p.dp}, {"pp", p.pp}, {"virtual_stages", p.virtual_stages}, {"zero", config.optim.zero}}},
+           {{"ranks", ranks},
+            {"dp", p.dp},
+            {"pp", p.pp},
+            {"ep", p.ep},
+            {"virtual_stages", p.virtual_stages},
+            {"zero", config.optim.zero}}},
           {"precision", config.loop.precision},
           {"memory_per_rank",
            {{"parameters", plan.parameters},
@@ -117,8 +69,9 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
               counts.mtp > 0 ? (", + " + billions(static_cast<double>(counts.mtp)) + " in MTP modules").c_str() : "");
   std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n",
               training_flops_per_token(config.model, config.loop.seq_len), static_cast<long long>(config.loop.seq_len));
-  std::printf("layout           %d rank(s): dp %d x pp %d%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
-              config.parallel.pp, config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
+  const std::string ep = config.parallel.ep > 1 ? ", ep " + std::to_string(config.parallel.ep) : "";
+  std::printf("layout           %d rank(s): dp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
+              config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
               static_cast<long long>(config.loop.micro_batch));
   std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(plan.parameters).c_str(),
               gib(plan.gradients).c_str(), gib(plan.optimizer_state).c_str());
@@ -159,7 +112,7 @@ int model_command(const std::vector<std::string>& args_given) {
   OptionTable table = train_option_table();
   ParsedCommandLine parsed = parse_command_line(table, args);
   const TrainConfig config = read_model_and_layout(parsed.options, ranks);
-  const MemoryPlan plan = plan_memory(config);
+  const MemoryPlan plan = plan_memory(config, compat::kHasFusedAttention);
   if (json)
     std::cout << info_json(config, ranks, plan).dump(2) << "\n";
   else

@@ -24,10 +24,15 @@ double attention_elements(const ModelConfig& c, const ActivationMemoryOptions& o
 // The MLP: SwiGLU keeps gate, up, silu(gate) and their product (4 × intermediate). DeepSeekMoE:
 // the router's fp32 logits, scores and choice, each routed token's copy of its input and its
 // expert's SwiGLU, the weighted outputs, and the shared experts' SwiGLU.
-double mlp_elements(const ModelConfig& c, int64_t layer) {
+// With the tokens exchanged between ranks, each routed copy also arrives at its expert's rank
+// (the input the expert's matrix products keep) and its output comes back (what the weighting
+// keeps): 2 × hidden more per routed copy. Counted as if experts were evenly loaded, so that a
+// rank receives as many copies as it sends.
+double mlp_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
   if (!c.is_moe_layer(layer)) return 4.0 * static_cast<double>(c.intermediate_size);
   const double k = static_cast<double>(c.num_experts_per_tok), h = static_cast<double>(c.hidden_size);
-  return 3.0 * static_cast<double>(c.n_routed_experts) + k * (2.0 * h + 4.0 * c.moe_intermediate_size) +
+  const double per_copy = (o.tokens_exchanged ? 4.0 : 2.0) * h + 4.0 * static_cast<double>(c.moe_intermediate_size);
+  return 3.0 * static_cast<double>(c.n_routed_experts) + k * per_copy +
          4.0 * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
 }
 
@@ -47,7 +52,7 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   // Each RMSNorm keeps its input, the normalised values and its output (3 × hidden), and the
   // residual stream adds a little more (measured on LibTorch's CPU kernels: 2 × hidden).
   const double h = static_cast<double>(c.hidden_size);
-  return 8.0 * h + attention_elements(c, o) + mlp_elements(c, layer);
+  return 8.0 * h + attention_elements(c, o) + mlp_elements(c, layer, o);
 }
 
 double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>& chunks,

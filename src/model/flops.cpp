@@ -63,6 +63,10 @@ ParameterCounts count_parameters(const ModelConfig& c) {
 
 int64_t layer_parameters(const ModelConfig& c, int64_t layer) { return layer_counts(c, layer).total; }
 
+int64_t layer_routed_expert_parameters(const ModelConfig& c, int64_t layer) {
+  return c.is_moe_layer(layer) ? c.n_routed_experts * 3 * c.hidden_size * c.moe_intermediate_size : 0;
+}
+
 double layer_training_flops_per_token(const ModelConfig& c, int64_t seq_len, int64_t layer) {
   return 6.0 * static_cast<double>(layer_counts(c, layer).active_matmul) +
          6.0 * static_cast<double>(c.num_heads * (c.qk_head_dim() + c.value_head_dim()) * seq_len);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <vector>
 
 #include "dstrain/core/files.h"
 #include "e2e_util.h"
@@ -65,4 +66,34 @@ TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
   EXPECT_GT(result["peak_memory_bytes"].get<double>(), 20.0 * (1 << 20));
   EXPECT_LT(result["peak_memory_bytes"].get<double>(), 16.0 * (1LL << 30));
   EXPECT_NE(run.output.find("peak memory"), std::string::npos) << run.output;
+}
+
+// bench comm on 2 and 4 ranks on the CPU: each collective at each size, all-to-all among them, its
+// bus bandwidth nccl-tests' (n − 1)/n of the algorithm bandwidth, which is the size over the time.
+TEST(Bench, CommMeasuresAllToAllWithTheOtherCollectives) {
+  for (int ranks : {2, 4}) {
+    const std::string dir = scratch_dir("bench-comm-" + std::to_string(ranks));
+    RunOutput run = run_dstrain(ranks, {"bench", "comm", "--train.device", "cpu", "--bench.min_bytes", "4096",
+                                        "--bench.max_bytes", "65536", "--bench.iters", "3", "--bench.json",
+                                        dir + "/comm.json"});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const nlohmann::json result = read_json(dir + "/comm.json");
+    EXPECT_EQ(result["ranks"], ranks);
+    ASSERT_EQ(result["results"].size(), 3u * 4u);  // 4, 16 and 64 KiB; four collectives
+    std::vector<double> sizes;
+    for (const nlohmann::json& row : result["results"]) {
+      if (row["op"] != "all_to_all") continue;
+      const double bytes = row["bytes"].get<double>(), seconds = row["seconds"].get<double>();
+      sizes.push_back(bytes);
+      EXPECT_GT(seconds, 0.0);
+      EXPECT_LT(seconds, 5.0) << "a few KiB between processes on one machine";
+      EXPECT_NEAR(row["algbw_gbps"].get<double>(), bytes / seconds / 1e9, 1e-9 * bytes / seconds);
+      EXPECT_NEAR(row["busbw_gbps"].get<double>(), row["algbw_gbps"].get<double>() * (ranks - 1) / ranks, 1e-12);
+    }
+    EXPECT_EQ(sizes, (std::vector<double>{4096, 16384, 65536}));
+    size_t lines = 0;
+    for (size_t at = run.output.find(" all_to_all "); at != std::string::npos; at = run.output.find(" all_to_all ", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 3u) << run.output;
+  }
 }

@@ -140,3 +140,58 @@ TEST(ModelInfo, ReportsCountsFlopsAndMemoryPerRank) {
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("model.n_group = 7: must divide model.n_routed_experts = 256"), std::string::npos) << bad.output;
 }
+
+// With parallel.ep the routed experts (256 of 3 × 7168 × 2048 in each of the 58 MoE layers and
+// the MTP module's) are split over ep ranks and the rest stays whole on each; ZeRO-1 shards the
+// experts' optimizer state over the dp / ep ranks holding the same ones. 8 ranks, one stage.
+TEST(ModelInfo, ExpertParallelismSplitsTheRoutedExperts) {
+  const std::string v3 = std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3.ini";
+  auto info = [&](const std::string& ep) {
+    RunOutput run = run_dstrain(0, {"model", "info", "--config", v3, "--json", "--ranks", "8", "--parallel.ep", ep,
+                                    "--optim.zero", "1", "--train.precision", "bf16"});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return nlohmann::json::parse(run.output);
+  };
+  const nlohmann::json whole = info("1"), split = info("8");
+  EXPECT_EQ(whole["layout"]["ep"], 1);
+  EXPECT_EQ(split["layout"]["ep"], 8);
+  const double experts = 59.0 * 256 * 3 * 7168 * 2048;
+  const double rest = whole["total_params"].get<double>() + whole["mtp_params"].get<double>() - experts;
+  const nlohmann::json &m1 = whole["memory_per_rank"], &m8 = split["memory_per_rank"];
+  EXPECT_DOUBLE_EQ(m1["parameters"].get<double>(), 2 * (rest + experts));
+  EXPECT_DOUBLE_EQ(m8["parameters"].get<double>(), 2 * (rest + experts / 8));
+  EXPECT_DOUBLE_EQ(m8["gradients"].get<double>(), 4 * (rest + experts / 8));
+  EXPECT_DOUBLE_EQ(m1["optimizer_state"].get<double>(), 12 * (rest + experts) / 8);
+  EXPECT_DOUBLE_EQ(m8["optimizer_state"].get<double>(), 12 * (rest / 8 + experts / 8 / 1));
+  // The exchange keeps each routed copy (8 per token) twice more: 2 × 7168 bf16 values, 59 MoE
+  // layers, 4096 tokens, one micro-batch in flight without a pipeline.
+  const double exchanged = 59.0 * 8 * 2 * 7168 * 2 * 4096;
+  const double none1 = m1["activations_by_recompute"]["none"].get<double>();
+  EXPECT_NEAR(m8["activations_by_recompute"]["none"].get<double>() - none1, exchanged, 1e-12 * none1);
+
+  RunOutput text = run_dstrain(0, {"model", "info", "--config", v3, "--ranks", "16", "--parallel.ep", "16"});
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("16 rank(s): dp 16 x pp 1, ep 16, fp32"), std::string::npos) << text.output;
+  RunOutput uneven = run_dstrain(0, {"model", "info", "--config", v3, "--ranks", "8", "--parallel.ep", "3"});
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+  EXPECT_NE(uneven.output.find("parallel.ep = 3: must divide parallel.dp = 8"), std::string::npos) << uneven.output;
+  RunOutput experts_left = run_dstrain(0, {"model", "info", "--config", v3, "--ranks", "24", "--parallel.ep", "3"});
+  EXPECT_EQ(experts_left.exit_code, 2) << experts_left.output;
+  EXPECT_NE(experts_left.output.find("parallel.ep = 3: must divide model.n_routed_experts = 256"), std::string::npos)
+      << experts_left.output;
+}
+
+// DeepSeek's own layout (README): 2048 ranks, pp 16, ep 64, ZeRO-1, bf16, seq 4096, micro-batch 1
+// plans within 60 GiB per rank with full recomputation, and far beyond it without.
+TEST(ModelInfo, DeepSeekV3OnItsOwnLayoutFitsWithFullRecomputation) {
+  RunOutput run = run_dstrain(0, {"model", "info", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3.ini",
+                                  "--json", "--ranks", "2048", "--parallel.pp", "16", "--parallel.ep", "64",
+                                  "--optim.zero", "1", "--train.precision", "bf16", "--train.recompute", "full"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json plan = nlohmann::json::parse(run.output);
+  EXPECT_EQ(plan["seq_len"], 4096);
+  const nlohmann::json& m = plan["memory_per_rank"];
+  const double gib = 1024.0 * 1024 * 1024, state = m["total"].get<double>() - m["activations"].get<double>();
+  EXPECT_LE(m["total"].get<double>(), 60 * gib);
+  EXPECT_GT(state + m["activations_by_recompute"]["none"].get<double>(), 60 * gib);
+}

@@ -21,6 +21,9 @@ struct ActivationMemoryOptions {
   RecomputePlan recompute;
   bool fused_attention = false;  // scaled-dot-product attention keeps no score matrix
   int64_t micro_batches_in_flight = 1;  // a pipeline stage's forward passes ahead of their backward
+  // Expert parallelism: MoE layers send their routed tokens to the experts' ranks and get the
+  // outputs back, which adds a received copy each way (see mlp_elements).
+  bool tokens_exchanged = false;
 };
 
 // Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per

@@ -22,6 +22,9 @@ struct ParameterCounts {
 ParameterCounts count_parameters(const ModelConfig& config);
 // Every parameter of decoder layer `layer` (its norms included).
 int64_t layer_parameters(const ModelConfig& config, int64_t layer);
+// The part of them in routed experts (0 in a dense layer): what expert parallelism splits.
+// `layer` ≥ num_layers is a multi-token prediction module's layer.
+int64_t layer_routed_expert_parameters(const ModelConfig& config, int64_t layer);
 
 // FLOPs of one training token (forward and backward) at sequence length `seq_len`, counted as
 // PaLM (Chowdhery et al. 2022, appendix B), torchtitan and llm.c count them:

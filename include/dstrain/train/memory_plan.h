@@ -1,0 +1,37 @@
+// The memory one rank needs for a configuration's layout, from the configuration alone (what
+// `dstrain model info` reports): parameters, gradients, optimizer state and a training step's
+// activations on the most loaded pipeline stage.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dstrain/model/layer_slice.h"
+#include "dstrain/train/train_config.h"
+
+namespace dstrain {
+
+// Bytes one rank holds.
+struct MemoryPlan {
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  std::map<std::string, double> activations_by_recompute;  // the step's peak, by train.recompute
+  double total() const { return parameters + gradients + optimizer_state + activations; }
+};
+
+// The parameters of a pipeline stage's model chunks: those every data-parallel rank holds, and
+// the routed experts (multi-token prediction modules' included), which parallel.ep ranks share.
+struct StageParameters {
+  double replicated = 0, routed_experts = 0;
+};
+StageParameters stage_parameters(const ModelConfig& model, const std::vector<LayerSlice>& chunks);
+
+// Per rank of parallel.dp × parallel.pp with parallel.ep: the replicated parameters whole and
+// 1/ep of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and
+// fp32 masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the
+// same parameters: dp of them for the replicated part, dp / ep for the experts. The state is that
+// of the stage holding the most; the activations those of the stage whose step peaks highest.
+// `fused_attention`: attention keeps no score matrix (compat::kHasFusedAttention).
+MemoryPlan plan_memory(const TrainConfig& config, bool fused_attention);
+
+}  // namespace dstrain

@@ -1,0 +1,104 @@
+#include "dstrain/train/memory_plan.h"
+
+#include <algorithm>
+
+#include "dstrain/model/activation_memory.h"
+#include "dstrain/model/flops.h"
+#include "dstrain/pipeline/partition.h"
+#include "dstrain/pipeline/schedule.h"
+#include "dstrain/pipeline/simulator.h"
+
+namespace dstrain {
+namespace {
+
+double element_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+
+// Parameters, gradients and optimizer state of one rank of a stage holding `stage`.
+MemoryPlan state_memory(const TrainConfig& c, const StageParameters& stage) {
+  const double element = element_bytes(c.loop.precision), dp = c.parallel.dp, ep = c.parallel.ep;
+  const double held = stage.replicated + stage.routed_experts / ep;
+  const double state_per_parameter = 8.0 + (element == 4 ? 0.0 : 4.0);  // moments (+ masters)
+  // ZeRO-1: each of the dp / ep ranks holding the same experts keeps a 1/(dp / ep) share of their state.
+  const double sharded = c.optim.zero == 1 ? stage.replicated / dp + stage.routed_experts / ep / (dp / ep) : held;
+  MemoryPlan plan;
+  plan.parameters = held * element;
+  plan.gradients = held * 4;  // the fp32 gradient buffer
+  plan.optimizer_state = sharded * state_per_parameter;
+  return plan;
+}
+
+ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_attention) {
+  ActivationMemoryOptions o;
+  o.micro_batch = c.loop.micro_batch;
+  o.seq_len = c.loop.seq_len;
+  o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
+  o.fused_attention = fused_attention;
+  o.tokens_exchanged = c.parallel.ep > 1;
+  return o;
+}
+
+// Micro-batches whose activations each stage keeps at once, as the schedule runs them (the
+// simulator counts (micro-batch, chunk) pairs; a stage's chunks are taken as equal): GPipe keeps
+// every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where the
+// multi-token prediction modules sit unrecomputed, keeps one.
+std::vector<int64_t> micro_batches_in_flight(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  const Schedule schedule = make_schedule(schedule_kind_named(p.schedule), p.pp, p.virtual_stages,
+                                          static_cast<int>(c.loop.grad_accum));
+  std::vector<int64_t> in_flight;
+  for (int chunks : simulate(schedule, SimulationCosts{}).peak_live)
+    in_flight.push_back((chunks + p.virtual_stages - 1) / p.virtual_stages);
+  return in_flight;
+}
+
+}  // namespace
+
+StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSlice>& chunks) {
+  StageParameters p;
+  const double h = static_cast<double>(m.hidden_size), vocab = static_cast<double>(m.vocab_size);
+  for (const LayerSlice& slice : chunks) {
+    if (slice.has_embedding) p.replicated += vocab * h;
+    if (slice.has_head) p.replicated += vocab * h + h;  // lm_head and the final norm
+    for (int64_t layer = slice.first; layer < slice.last; ++layer) {
+      const double experts = static_cast<double>(layer_routed_expert_parameters(m, layer));
+      p.routed_experts += experts;
+      p.replicated += static_cast<double>(layer_parameters(m, layer)) - experts;
+    }
+    if (!slice.has_head) continue;
+    // The multi-token prediction modules sit with the head; each has a decoder layer of its own.
+    const double mtp_experts =
+        static_cast<double>(m.num_nextn_predict_layers * layer_routed_expert_parameters(m, m.num_layers));
+    p.routed_experts += mtp_experts;
+    p.replicated += static_cast<double>(count_parameters(m).mtp) - mtp_experts;
+  }
+  return p;
+}
+
+MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
+  const int pp = c.parallel.pp, chunks = c.parallel.virtual_stages;
+  const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
+  ActivationMemoryOptions options = activation_options(c, fused_attention);
+  const std::vector<int64_t> in_flight = micro_batches_in_flight(c);
+  MemoryPlan plan;
+  for (int stage = 0; stage < pp; ++stage) {
+    options.micro_batches_in_flight = in_flight[static_cast<size_t>(stage)];
+    std::vector<LayerSlice> mine;
+    for (int chunk = 0; chunk < chunks; ++chunk) mine.push_back(slices[static_cast<size_t>(chunk * pp + stage)]);
+    const MemoryPlan state = state_memory(c, stage_parameters(c.model, mine));
+    if (state.total() > plan.parameters + plan.gradients + plan.optimizer_state) {
+      plan.parameters = state.parameters;
+      plan.gradients = state.gradients;
+      plan.optimizer_state = state.optimizer_state;
+    }
+    for (const char* mode : {"none", "full"}) {
+      const bool configured = mode == c.loop.recompute;
+      options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
+      double& peak = plan.activations_by_recompute[mode];
+      peak = std::max(peak, step_activation_bytes(c.model, mine, options));
+    }
+  }
+  plan.activations = plan.activations_by_recompute.at(c.loop.recompute);
+  return plan;
+}
+
+}  // namespace dstrain

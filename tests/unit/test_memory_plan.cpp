@@ -1,0 +1,105 @@
+// The memory `dstrain model info` plans per rank, against counts made by hand from the
+// configuration: with expert parallelism each rank holds 1/ep of the routed experts, and ZeRO-1
+// shards their optimizer state over the dp / ep ranks that hold the same ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "dstrain/model/activation_memory.h"
+#include "dstrain/pipeline/partition.h"
+#include "dstrain/train/memory_plan.h"
+#include "dstrain/train/train_config.h"
+
+using namespace dstrain;
+
+namespace {
+
+// input/tiny-v3.ini (V3-shaped: MLA with query compression, 1 shared + 8 routed experts, the
+// first of 3 layers dense, one MTP module) on `ranks` ranks, bf16, one pipeline stage.
+TrainConfig tiny_v3(int ranks, int ep, int zero, const std::vector<std::string>& more = {}) {
+  OptionTable table = train_option_table();
+  std::vector<std::string> args = {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                   "--parallel.ep", std::to_string(ep), "--optim.zero", std::to_string(zero),
+                                   "--train.precision", "bf16"};
+  args.insert(args.end(), more.begin(), more.end());
+  ParsedCommandLine parsed = parse_command_line(table, args);
+  return read_model_and_layout(parsed.options, ranks);
+}
+
+// tiny-v3.ini by hand: hidden 32, vocabulary 264, moe_intermediate_size 16.
+// Routed experts: layers 1 and 2 and the MTP module's layer are MoE, 8 experts of 3 × 32 × 16:
+constexpr double kExperts = 3 * 8 * (3 * 32 * 16);  // 36,864
+// The rest. MLA: q_a 32×24, q_b 24×4×12, kv_a 32×(16+4), kv_b 16×4×(8+8), o 4×8×32 = 4,608; norms
+// 2×32 + 16 + 24 = 104. Dense layer 0: + SwiGLU 3×32×64 = 10,856. MoE layer: + router 8×32, shared
+// expert 3×32×16 = 6,504. Embedding and head 2 × 264×32, final norm 32. MTP module: enorm, hnorm
+// (2×32), eh_proj 32×64, its MoE layer's 6,504, its norm 32 = 8,648.
+constexpr double kReplicated = 2 * 264 * 32 + 32 + 10856 + 2 * 6504 + 8648;  // 49,440
+
+}  // namespace
+
+TEST(MemoryPlan, StageParametersSplitRoutedExpertsFromTheRest) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  const StageParameters whole = stage_parameters(c.model, {LayerSlice::whole(c.model)});
+  EXPECT_EQ(whole.routed_experts, kExperts);
+  EXPECT_EQ(whole.replicated, kReplicated);
+  // Split at layer 2: the head's side has layer 2's and the MTP module's experts.
+  const StageParameters first = stage_parameters(c.model, {{0, 2, true, false}});
+  const StageParameters last = stage_parameters(c.model, {{2, 3, false, true}});
+  EXPECT_EQ(first.routed_experts, 8.0 * 3 * 32 * 16);
+  EXPECT_EQ(last.routed_experts, 2.0 * 8 * 3 * 32 * 16);
+  EXPECT_EQ(first.replicated + last.replicated, kReplicated);
+}
+
+// 8 ranks, ep 4: every rank holds all of the replicated parameters and a quarter of the experts:
+// bf16 parameters, fp32 gradients, fp32 masters and moments (12 bytes per parameter).
+TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
+  const double held = kReplicated + kExperts / 4;
+  const MemoryPlan plan = plan_memory(tiny_v3(8, 4, 0), false);
+  EXPECT_DOUBLE_EQ(plan.parameters, 2 * held);
+  EXPECT_DOUBLE_EQ(plan.gradients, 4 * held);
+  EXPECT_DOUBLE_EQ(plan.optimizer_state, 12 * held);
+  // ZeRO-1: the replicated part's state over the 8 data-parallel ranks, the experts' over the 2
+  // ranks holding the same quarter.
+  const MemoryPlan sharded = plan_memory(tiny_v3(8, 4, 1), false);
+  EXPECT_DOUBLE_EQ(sharded.parameters, 2 * held);
+  EXPECT_DOUBLE_EQ(sharded.optimizer_state, 12 * (kReplicated / 8 + kExperts / 4 / 2));
+  // Without expert parallelism every rank holds every expert, as before.
+  const MemoryPlan replicated = plan_memory(tiny_v3(8, 1, 1), false);
+  EXPECT_DOUBLE_EQ(replicated.parameters, 2 * (kReplicated + kExperts));
+  EXPECT_DOUBLE_EQ(replicated.optimizer_state, 12 * (kReplicated + kExperts) / 8);
+}
+
+// The token exchange keeps, per routed copy (2 per token) in each of the 3 MoE layers, the input
+// received by the expert's rank and the output received back: 2 × 32 elements of 2 bytes, for
+// micro_batch 2 × seq_len 32 tokens, one micro-batch in flight on a single stage.
+TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
+  const double added = 3 * 2 * (2 * 32) * 2.0 * (2 * 32);
+  const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), false), exchanged = plan_memory(tiny_v3(8, 4, 0), false);
+  EXPECT_DOUBLE_EQ(exchanged.activations - local.activations, added);
+  EXPECT_DOUBLE_EQ(exchanged.activations_by_recompute.at("none"), exchanged.activations);
+  // Fused attention keeps no score matrix, with or without the exchange.
+  EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), true).activations - plan_memory(tiny_v3(8, 1, 0), true).activations,
+                   added);
+}
+
+// A pipeline keeps as many micro-batches per stage as its schedule does: 1F1B's first of 2 stages
+// 2 (its forward of the second starts before the first's backward), the last 1; GPipe all 4.
+TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
+  auto stage_peak = [](const TrainConfig& c, int stage, int64_t in_flight) {
+    ActivationMemoryOptions o;
+    o.micro_batch = c.loop.micro_batch;
+    o.seq_len = c.loop.seq_len;
+    o.element_bytes = 2;
+    o.micro_batches_in_flight = in_flight;
+    const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
+    return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
+  };
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    const TrainConfig c = tiny_v3(2, 1, 0, {"--parallel.pp", "2", "--train.grad_accum", "4", "--parallel.schedule", schedule});
+    const bool gpipe = schedule == "gpipe";
+    const double expected = std::max(stage_peak(c, 0, gpipe ? 4 : 2), stage_peak(c, 1, gpipe ? 4 : 1));
+    EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected) << schedule;
+  }
+}
