@@ -1,0 +1,86 @@
+// README.md's quick start, run as it is written and in its order, so that the page cannot drift
+// from the program. The demo is shortened 50 times (its steps and intervals) and writes to a
+// scratch directory instead of runs/demo; everything else is the README's text.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+
+#include "dstrain/core/files.h"
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+std::vector<std::string> quick_start_commands() {
+  std::ifstream in(std::string(DSTRAIN_SOURCE_DIR) + "/README.md");
+  std::vector<std::string> commands;
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line.find("<!-- BEGIN quick start commands -->") != std::string::npos) inside = true;
+    else if (line.find("<!-- END quick start commands -->") != std::string::npos) inside = false;
+    else if (inside && !line.empty()) commands.push_back(line.substr(line.find_first_not_of(' ')));
+  }
+  return commands;
+}
+
+// The README's command as this test runs it: this build's dstrain, the scratch run directory,
+// and the demo 50 times shorter (input/demo.ini's 600 steps, or the command's own, / 50).
+std::string shortened(std::string command, const std::string& dstrain, const std::string& run_dir) {
+  command = std::regex_replace(command, std::regex("build/dstrain"), dstrain);
+  command = std::regex_replace(command, std::regex("runs/demo"), run_dir);
+  if (command.rfind("scripts/demo.sh", 0) != 0) return command;
+  std::smatch steps;
+  int64_t total = 600;
+  if (std::regex_search(command, steps, std::regex("--train\\.steps (\\d+)"))) {
+    total = std::stoll(steps[1]);
+    command = std::regex_replace(command, std::regex("--train\\.steps \\d+"), "");
+  }
+  return command + " --train.steps " + std::to_string(total / 50) + " --run.dir " + run_dir +
+         " --train.eval_interval 6 --ckpt.interval 6 --log.interval 6 --optim.warmup_steps 2";
+}
+
+RunOutput run_in_source_dir(const std::string& command, const std::string& build_dir) {
+  const std::string shell = "cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && BUILD_DIR='" + build_dir + "' " +
+                            command + " 2>&1";
+  RunOutput result;
+  FILE* pipe = popen(shell.c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+}  // namespace
+
+TEST(QuickStart, ReadmeCommandsRunInOrderOnTheDemosOutput) {
+  const std::vector<std::string> commands = quick_start_commands();
+  ASSERT_EQ(commands.size(), 5u) << "README.md's quick start commands changed: update this test's checks";
+  const std::string dstrain = DSTRAIN_EXE, build_dir = dstrain.substr(0, dstrain.rfind('/'));
+  const std::string run_dir = scratch_dir("quick-start") + "/demo";
+  std::vector<RunOutput> outputs;
+  for (const std::string& command : commands) {
+    const std::string runnable = shortened(command, dstrain, run_dir);
+    outputs.push_back(run_in_source_dir(runnable, build_dir));
+    ASSERT_EQ(outputs.back().exit_code, 0) << runnable << "\n" << outputs.back().output;
+  }
+  // The demo trained, saved, evaluated, generated, plotted and said what comes next.
+  const std::string& demo = outputs[0].output;
+  for (const char* part : {"done: 12 steps", "== the last checkpoint on the validation text ==", "perplexity",
+                           "== what the model writes after", "wrote ", "Open:", "Next:"})
+    EXPECT_NE(demo.find(part), std::string::npos) << part << "\n" << demo;
+  EXPECT_TRUE(dstrain::files::exists(run_dir + "/checkpoints/step_00000012.h5"));
+  // eval, generate (greedy: the prompt, then its continuation) and plot on what it left.
+  EXPECT_NE(outputs[1].output.find("step_00000012.h5 (step 12)"), std::string::npos) << outputs[1].output;
+  EXPECT_EQ(outputs[2].output.rfind("The licensee", 0), 0u) << outputs[2].output;
+  for (const char* plot : {"/loss.png", "/lr.png", "/throughput.png"})
+    EXPECT_TRUE(dstrain::files::exists(run_dir + plot)) << plot;
+  // The second demo continues the first run from its checkpoint.
+  EXPECT_NE(outputs[4].output.find("resuming from"), std::string::npos) << outputs[4].output;
+  EXPECT_TRUE(dstrain::files::exists(run_dir + "/checkpoints/step_00000024.h5"));
+}
