@@ -5,13 +5,17 @@
 # continuation from it, plots the run, and says what to open and run next.
 # Extra arguments are configuration overrides, e.g. scripts/demo.sh --train.steps 1200 (which
 # continues a finished demo from its checkpoint) or --run.dir runs/other.
+# DSTRAIN=/path/to/dstrain runs that executable (an installed one, say) and installs and builds nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-scripts/install-deps.sh
-scripts/build.sh
-build=${BUILD_DIR:-$root/build}
-dstrain=$build/dstrain
+if [[ -n ${DSTRAIN:-} ]]; then
+  dstrain=$DSTRAIN
+else
+  scripts/install-deps.sh
+  scripts/build.sh
+  dstrain=${BUILD_DIR:-$root/build}/dstrain
+fi
 # Commands as a user types them from this directory (the build's path when it is elsewhere).
 shown=${dstrain#"$root"/}
 

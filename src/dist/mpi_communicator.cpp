@@ -229,6 +229,11 @@ class MpiReduction final : public Work {
     out_.copy_out();
     finish_average(output_, op_, size_);
   }
+  bool ready() override {
+    int done = 0;
+    MPI_CHECK(MPI_Test(request_.data(), &done, MPI_STATUS_IGNORE));  // a completed request stays complete
+    return done != 0;
+  }
 
  private:
   std::function<void(std::vector<MPI_Request>&)> wait_;

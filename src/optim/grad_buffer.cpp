@@ -107,7 +107,7 @@ void GradientBuffer::zero() {
     s.written = false;
   }
   for (Bucket& b : buckets_) b.ready = 0;
-  next_launch_ = 0;
+  next_launch_ = next_complete_ = 0;
 }
 
 void GradientBuffer::on_gradient(size_t index) {
@@ -136,6 +136,12 @@ void GradientBuffer::on_gradient(size_t index) {
   // order even where gradients arrive out of it (a tied weight's, say), as the backends require.
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].slots)
     launch(buckets_[next_launch_++]);
+  poll_started();
+}
+
+void GradientBuffer::poll_started() {
+  while (next_complete_ < next_launch_ && buckets_[next_complete_].work->ready())
+    buckets_[next_complete_++].completed = std::chrono::steady_clock::now();
 }
 
 void GradientBuffer::zero_unwritten(const Bucket& bucket) {
@@ -148,6 +154,7 @@ void GradientBuffer::zero_unwritten(const Bucket& bucket) {
 }
 
 void GradientBuffer::launch(Bucket& bucket) {
+  bucket.started = std::chrono::steady_clock::now();
   zero_unwritten(bucket);
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   bucket.wire = reduction_.wire_dtype == torch::kFloat32 ? region : region.to(reduction_.wire_dtype);
@@ -167,11 +174,14 @@ void GradientBuffer::reduce() {
     apply_divisor();
     return;
   }
+  const std::chrono::steady_clock::time_point backward_end = std::chrono::steady_clock::now();
   // Buckets not started yet (no overlap, a parameter without a gradient this step, or hooks on
   // another thread with MPI), in buffer order; then every one completed in the same order.
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
-  for (Bucket& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     b.work->wait();
+    if (i >= next_complete_) b.completed = std::chrono::steady_clock::now();
     b.work.reset();
     if (sharded_)
       flat_.narrow(0, shard_start(b), shard_length(b)).copy_(b.shard);
@@ -179,7 +189,29 @@ void GradientBuffer::reduce() {
       flat_.narrow(0, b.start, b.length).copy_(b.wire);
     b.wire = b.shard = torch::Tensor();
   }
+  next_complete_ = buckets_.size();
+  record_times(backward_end);
   apply_divisor();
+}
+
+void GradientBuffer::record_times(std::chrono::steady_clock::time_point backward_end) {
+  using Seconds = std::chrono::duration<double>;
+  ++time_.steps;
+  if (buckets_.empty()) return;
+  // Exposed: from the end of the backward pass until the last bucket was complete.
+  auto last_complete = backward_end;
+  for (const Bucket& b : buckets_) last_complete = std::max(last_complete, b.completed);
+  time_.exposed_s += Seconds(last_complete - backward_end).count();
+  // The union of the buckets' [started, completed] spans: they start in order and may overlap.
+  auto span_start = buckets_.front().started, span_end = buckets_.front().completed;
+  for (const Bucket& b : buckets_) {
+    if (b.started > span_end) {
+      time_.in_flight_s += Seconds(span_end - span_start).count();
+      span_start = b.started;
+    }
+    span_end = std::max(span_end, b.completed);
+  }
+  time_.in_flight_s += Seconds(span_end - span_start).count();
 }
 
 void GradientBuffer::apply_divisor() {

@@ -85,6 +85,15 @@ void ModelGradients::gather_parameters() {
   if (experts_) experts_->gather_parameters();
 }
 
+CommunicationTime ModelGradients::communication_time() const {
+  CommunicationTime total = replicated_->communication_time();
+  if (experts_) {
+    total.exposed_s += experts_->communication_time().exposed_s;
+    total.in_flight_s += experts_->communication_time().in_flight_s;
+  }
+  return total;
+}
+
 bool ModelGradients::writes_experts() const { return !experts_ || parallel_.expert_dp_group->rank() == 0; }
 
 }  // namespace dstrain

@@ -39,6 +39,11 @@ std::string optional_fields_text(const nlohmann::json& r) {
   add_worst_layer("expert_load_max_over_mean", " | expert load max/mean %.2f");
   add_worst_layer("ep_load_max_over_mean", " | EP rank load max/mean %.2f");
   add("expert_exchange_share", " | expert exchange %.0f%%", 100);
+  if (r.contains("dp_comm_s")) {
+    std::snprintf(part, sizeof part, " | DP comm %.0f ms, %.0f ms exposed", 1000 * r["dp_comm_s"].get<double>(),
+                  1000 * r["dp_comm_exposed_s"].get<double>());
+    text += part;
+  }
   if (r.contains("loss_scale")) {
     std::snprintf(part, sizeof part, " | scale %.0f, %lld skipped", r["loss_scale"].get<double>(),
                   static_cast<long long>(r["skipped_steps"].get<int64_t>()));
@@ -187,6 +192,20 @@ StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, P
     torch::Tensor share = torch::full({1}, interval > 0 ? seconds / interval : 0.0, torch::kFloat64);
     parallel.world->all_reduce(share, ReduceOp::kAvg);
     record["expert_exchange_share"] = share.item<double>();
+  };
+}
+
+StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel) {
+  auto last = std::make_shared<CommunicationTime>(grads.communication_time());
+  return [&grads, &parallel, last](nlohmann::json& record) {
+    const CommunicationTime now = grads.communication_time();
+    const double steps = static_cast<double>(std::max<int64_t>(1, now.steps - last->steps));
+    torch::Tensor seconds = torch::tensor({(now.in_flight_s - last->in_flight_s) / steps,
+                                           (now.exposed_s - last->exposed_s) / steps}, torch::kFloat64);
+    *last = now;
+    parallel.world->all_reduce(seconds, ReduceOp::kAvg);
+    record["dp_comm_s"] = seconds[0].item<double>();
+    record["dp_comm_exposed_s"] = seconds[1].item<double>();
   };
 }
 

@@ -27,6 +27,8 @@ std::string tensorboard_tag(const std::string& key) {
       {"ep_load_max_over_mean", "moe/ep_load_max_over_mean"},
       {"ep_ranks_per_token", "moe/ep_ranks_per_token"},
       {"expert_exchange_share", "perf/expert_exchange_share"},
+      {"dp_comm_s", "perf/dp_comm_s"},
+      {"dp_comm_exposed_s", "perf/dp_comm_exposed_s"},
       {"balance_loss", "moe/balance_loss"},
   };
   if (key == "step") return "";

@@ -136,6 +136,8 @@ void Trainer::open_run_directory() {
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
   if (parallel_.ep > 1)
     report_->add_field_source(expert_exchange_field(*stage_.model, parallel_, state_->start_step()));
+  if (parallel_.grid.dp() > 1 && parallel_.dp_group->backend() == "mpi")
+    report_->add_field_source(data_parallel_comm_field(*grads_, parallel_));
   report_->add_field_source(guards_.loss_scale_fields());
   report_->add_sink(std::make_unique<ConsoleSink>(state_->start_step(), config_.loop.steps));
   // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run

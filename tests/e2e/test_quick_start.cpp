@@ -43,9 +43,10 @@ std::string shortened(std::string command, const std::string& dstrain, const std
          " --train.eval_interval 6 --ckpt.interval 6 --log.interval 6 --optim.warmup_steps 2";
 }
 
-RunOutput run_in_source_dir(const std::string& command, const std::string& build_dir) {
-  const std::string shell = "cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && BUILD_DIR='" + build_dir + "' " +
-                            command + " 2>&1";
+// DSTRAIN: the demo runs this build's executable and builds nothing (a test must not rebuild the
+// tree under the other tests' feet).
+RunOutput run_in_source_dir(const std::string& command, const std::string& dstrain) {
+  const std::string shell = "cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && DSTRAIN='" + dstrain + "' " + command + " 2>&1";
   RunOutput result;
   FILE* pipe = popen(shell.c_str(), "r");
   if (!pipe) return result;
@@ -61,12 +62,12 @@ RunOutput run_in_source_dir(const std::string& command, const std::string& build
 TEST(QuickStart, ReadmeCommandsRunInOrderOnTheDemosOutput) {
   const std::vector<std::string> commands = quick_start_commands();
   ASSERT_EQ(commands.size(), 5u) << "README.md's quick start commands changed: update this test's checks";
-  const std::string dstrain = DSTRAIN_EXE, build_dir = dstrain.substr(0, dstrain.rfind('/'));
+  const std::string dstrain = DSTRAIN_EXE;
   const std::string run_dir = scratch_dir("quick-start") + "/demo";
   std::vector<RunOutput> outputs;
   for (const std::string& command : commands) {
     const std::string runnable = shortened(command, dstrain, run_dir);
-    outputs.push_back(run_in_source_dir(runnable, build_dir));
+    outputs.push_back(run_in_source_dir(runnable, dstrain));
     ASSERT_EQ(outputs.back().exit_code, 0) << runnable << "\n" << outputs.back().output;
   }
   // The demo trained, saved, evaluated, generated, plotted and said what comes next.

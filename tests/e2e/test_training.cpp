@@ -46,6 +46,16 @@ TEST(Training, DataParallelMatchesOneRank) {
   RunOutput b = train(2, two, {"--train.micro_batch", "2", "--train.grad_accum", "1"});
   ASSERT_EQ(b.exit_code, 0) << b.output;
   expect_same_losses(one, two, 1e-5);
+  // Two ranks report their gradient average's time: the exposed part is a part of it; one rank
+  // has nothing to report.
+  for (const nlohmann::json& record : train_records(two)) {
+    ASSERT_TRUE(record.contains("dp_comm_s")) << record.dump();
+    EXPECT_GT(record["dp_comm_s"].get<double>(), 0.0);
+    EXPECT_GE(record["dp_comm_exposed_s"].get<double>(), 0.0);
+    EXPECT_LE(record["dp_comm_exposed_s"].get<double>(), record["dp_comm_s"].get<double>() + 1e-3);
+  }
+  EXPECT_FALSE(train_records(one).front().contains("dp_comm_s"));
+  EXPECT_NE(b.output.find("ms exposed"), std::string::npos);
 }
 
 TEST(Training, DataParallelWithGradientAccumulationMatchesOneRank) {

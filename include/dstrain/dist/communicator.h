@@ -18,6 +18,10 @@ class Work {
   virtual ~Work() = default;
   // Completes the operation; afterwards the caller's later computation sees its result.
   virtual void wait() = 0;
+  // Whether it has completed, without waiting (wait() still completes it). Asking lets it
+  // advance too: MPI moves a nonblocking collective on only inside MPI calls, so a caller that
+  // asks now and then while it computes keeps the operation going. From the thread that started it.
+  virtual bool ready() = 0;
 };
 
 // One point-to-point transfer of a group (Communicator::exchange).

@@ -13,7 +13,9 @@
 // reverse of their use) and averaged over the DP group in buckets of about `bucket_bytes`: with
 // `overlap`, each bucket's reduction starts as soon as the step's last gradient of each of its
 // parameters has arrived (a hook on each parameter's gradient accumulator), while the backward
-// pass goes on, as PyTorch's DDP and Megatron do.
+// pass goes on, as PyTorch's DDP and Megatron do. MPI moves a nonblocking collective on only inside
+// MPI calls, so each later arrival also asks the buckets under way whether they are done
+// (Work::ready), which keeps them going while the backward pass computes.
 //
 // ZeRO-1 (`shard`): each bucket is padded to a multiple of the DP size and reduce-scattered, so
 // that DP rank r ends with the average of the r-th 1/dp of every bucket only: its shard. The
@@ -24,6 +26,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +53,14 @@ struct GradientReduction {
   int64_t divide_sum_by = 0;
 };
 
+// Where a step's data-parallel reduction spent its time, summed over the steps so far (host
+// clocks: the MPI backend's; NCCL's work runs on its own stream and is not seen here).
+struct CommunicationTime {
+  double exposed_s = 0;    // from the end of the backward pass until the last bucket was complete
+  double in_flight_s = 0;  // with a bucket under way, from its start until it was seen complete
+  int64_t steps = 0;
+};
+
 class GradientBuffer {
  public:
   // `params` by global name: grads() follows their order. `use_order`: the same tensors in the
@@ -69,6 +80,8 @@ class GradientBuffer {
   // One fp32 view of the buffer per parameter, in the order of `params`, with its shape.
   const std::vector<torch::Tensor>& grads() const { return views_; }
   size_t buckets() const { return buckets_.size(); }
+  // Nothing is measured without a group to average over.
+  const CommunicationTime& communication_time() const { return time_; }
 
   bool sharded() const { return sharded_; }
   // The DP ranks holding the other shards (sharded only; else nullptr).
@@ -97,10 +110,13 @@ class GradientBuffer {
     torch::Tensor wire;             // what travels (flat_'s range, or a 16-bit copy)
     torch::Tensor shard;            // sharded: this rank's averaged part of it
     std::unique_ptr<Work> work;
+    std::chrono::steady_clock::time_point started, completed;  // this step's; completed: when seen
   };
   friend class GradientArrivalHook;
   void on_gradient(size_t slot);  // after the parameter's gradient accumulator has run
   void launch(Bucket& bucket);
+  void poll_started();  // notes the buckets under way that have completed, in order
+  void record_times(std::chrono::steady_clock::time_point backward_end);
   void apply_divisor();  // divide_sum_by, where it is not the group's size
   void zero_unwritten(const Bucket& bucket);  // added-in views that got no gradient this step
   int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.dp_group->size(); }
@@ -120,7 +136,9 @@ class GradientBuffer {
     int64_t flat_offset;
   };
   std::vector<ShardPlace> shard_places_;  // where each of shards_ lies in the buffer
-  size_t next_launch_ = 0;  // buckets before it have started this step
+  size_t next_launch_ = 0;    // buckets before it have started this step
+  size_t next_complete_ = 0;  // buckets before it were seen complete this step
+  CommunicationTime time_;
   std::vector<std::shared_ptr<void>> accumulators_;  // the autograd nodes the hooks live on
   std::mutex mutex_;                                 // hooks may run on autograd's threads
   std::thread::id owner_;

@@ -31,6 +31,9 @@ class ModelGradients {
   std::vector<torch::Tensor> shard_grads() const;
   void gather_parameters();  // ZeRO-1: the updated shards to every holder
 
+  // The data-parallel reductions' time so far, of every buffer.
+  CommunicationTime communication_time() const;
+
   GradientBuffer& replicated() { return *replicated_; }
   // Expert parallelism's routed experts; nullptr without it.
   GradientBuffer* experts() { return experts_.get(); }

@@ -65,6 +65,7 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, torch::Device device) : done_(std::move(done)), device_(device) {}
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(device_.index())); }
+  bool ready() override { return done_->query(); }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
