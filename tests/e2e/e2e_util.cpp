@@ -66,6 +66,15 @@ const TestCorpus& test_corpus() {
   return corpus;
 }
 
+RunOutput train_tiny_v3(int ranks, const std::string& run_dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                   "--run.dir", run_dir, "--data.train", test_corpus().train, "--data.valid",
+                                   test_corpus().valid, "--train.micro_batch", "1", "--train.global_batch", "8",
+                                   "--ckpt.save_final", "true"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_dstrain(ranks, args);
+}
+
 RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<std::string>& extra) {
   std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
                                    "--run.dir", run_dir, "--data.train", test_corpus().train,

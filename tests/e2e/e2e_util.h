@@ -27,6 +27,9 @@ const TestCorpus& test_corpus();
 
 // `dstrain train` of input/tiny.ini on the test corpus into `run_dir`; `extra` overrides.
 RunOutput train_tiny(int ranks, const std::string& run_dir, const std::vector<std::string>& extra);
+// The same with input/tiny-v3.ini (MLA, MoE, MTP): micro-batch 1, global batch 8, the final model
+// saved; `extra` overrides.
+RunOutput train_tiny_v3(int ranks, const std::string& run_dir, const std::vector<std::string>& extra);
 
 // The byte at the middle of a dataset's data in an HDF5 file, flipped in place.
 void flip_a_byte(const std::string& file, const std::string& dataset);

@@ -16,12 +16,8 @@ using namespace dstrain::e2e;
 namespace {
 
 RunOutput train_v3(int ranks, const std::string& run_dir, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
-                                   "--run.dir", run_dir, "--data.train", test_corpus().train, "--data.valid",
-                                   test_corpus().valid, "--train.device", "cpu", "--train.micro_batch", "1",
-                                   "--train.global_batch", "8", "--ckpt.save_final", "true"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return run_dstrain(ranks, args);
+  extra.insert(extra.begin(), {"--train.device", "cpu"});
+  return train_tiny_v3(ranks, run_dir, extra);
 }
 
 // The run on one rank, once per test process.

@@ -114,17 +114,10 @@ TEST_F(GpuTraining, Bf16ZeroOneOnOneGpuIsWithinBf16ToleranceOfTheCpu) {
 // sharing the GPU (the MPI backend stages the token exchange through host memory) trains as the
 // CPU does on one rank.
 TEST_F(GpuTraining, ExpertParallelOnOneGpuMatchesTheCpu) {
-  auto train_v3 = [](int ranks, const std::string& dir, const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
-                                     "--run.dir", dir, "--data.train", test_corpus().train, "--data.valid",
-                                     test_corpus().valid, "--train.micro_batch", "1", "--train.global_batch", "4"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run_dstrain(ranks, args);
-  };
   std::string gpu = scratch_dir("gpu-ep2"), cpu = scratch_dir("gpu-ep2-cpu-reference");
-  RunOutput run = train_v3(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--parallel.ep", "2"});
+  RunOutput run = train_tiny_v3(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--parallel.ep", "2"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  RunOutput reference = train_v3(1, cpu, {"--train.device", "cpu"});
+  RunOutput reference = train_tiny_v3(1, cpu, {"--train.device", "cpu"});
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   expect_close_losses(gpu, cpu, 1e-3);
   EXPECT_TRUE(train_records(gpu).back().contains("ep_ranks_per_token"));
