@@ -6,8 +6,10 @@
 # The run directory is runs/JOB_NAME in the submit directory (RUN_DIR overrides): a requeued or
 # resubmitted job of the same name continues the same run from its latest checkpoint.
 #
-# Without Slurm's srun, the same run under Open MPI's launcher:
-#   mpirun -np 8 --bind-to numa --map-by numa build/dstrain train --config CONFIG --ckpt.resume auto ...
+# Without Slurm's srun, the same run under Open MPI's launcher (the sigkill timeout gives the ranks
+# two minutes to checkpoint when mpirun is sent SIGTERM, instead of Open MPI's 1 s; README):
+#   mpirun -np 8 --bind-to numa --map-by numa --mca odls_base_sigkill_timeout 120 \
+#     build/dstrain train --config CONFIG --ckpt.resume auto ...
 #SBATCH --job-name=dstrain
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
