@@ -30,6 +30,7 @@
 #include "dstrain/train/signals.h"
 #include "dstrain/train/system_report.h"
 #include "dstrain/core/blas.h"
+#include "dstrain/dist/startup_deadline.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;
@@ -69,7 +70,7 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
               << table.help_text();
     return 0;
   }
-  MpiSession mpi(&argc, &argv);
+  MpiSession mpi(&argc, &argv, startup_timeout_s(parsed.options.raw("comm.timeout_s")));
   log::configure(mpi.world_rank(), mpi.world_size(), false);
   if (mpi.world_rank() == 0) {
     log::info(system_report());

@@ -35,7 +35,8 @@ void add_comm_options(OptionTable& t) {
   t.add("comm.overlap", OptionKind::kBool, "true",
         "start each bucket's average as soon as its gradients are complete, during the backward pass");
   t.add("comm.timeout_s", OptionKind::kFloat, "600",
-        "a GPU collective that has not finished after this many seconds ends the job (exit code 5)");
+        "a collective, transfer or start-up phase (MPI_Init, the communicators' set-up) that has not finished "
+        "after this many seconds ends the job (exit code 5)");
 }
 
 ParallelConfig read_parallel_config(Options& o, int world_size) {

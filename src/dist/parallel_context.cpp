@@ -11,12 +11,17 @@
 #include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/nccl_communicator.h"
+#include "dstrain/dist/startup_deadline.h"
 
 namespace dstrain {
 
-MpiSession::MpiSession(int* argc, char*** argv) : uncaught_at_start_(std::uncaught_exceptions()) {
+MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
+    : uncaught_at_start_(std::uncaught_exceptions()) {
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  {
+    StartupDeadline deadline("MPI start-up (MPI_Init waits for every rank)", startup_timeout_s);
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  }
   if (provided < MPI_THREAD_FUNNELED)
     throw comm_error("the MPI library does not provide MPI_THREAD_FUNNELED");
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

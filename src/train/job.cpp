@@ -4,15 +4,21 @@
 #include "dstrain/core/log.h"
 #include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/startup_deadline.h"
 #include "dstrain/model/cuda_kernels.h"
 
 namespace dstrain {
 
-Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& read_config) {
+Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& read_config,
+              double startup_timeout_s) {
   Job job;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &job.world_rank));
-  agreed_phase(job.world_rank, [&] { job.config = read_config(job.world_size, job.world_rank); });  // this rank alone
+  {
+    StartupDeadline deadline("the ranks' agreement on the configuration", startup_timeout_s);
+    agreed_phase(job.world_rank, [&] { job.config = read_config(job.world_size, job.world_rank); });  // this rank alone
+  }
+  StartupDeadline deadline("the set-up of devices and communicators", job.config.comm.timeout_s);
   torch::set_num_threads(job.config.loop.threads);
   blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
   enable_cuda_kernels(job.config.loop.cuda_kernels);

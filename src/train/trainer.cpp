@@ -14,6 +14,7 @@
 #include "dstrain/data/loader.h"
 #include "dstrain/data/mixture.h"
 #include "dstrain/dist/agreed_phase.h"
+#include "dstrain/dist/startup_deadline.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
 #include "dstrain/optim/moe_balancing.h"
@@ -276,7 +277,7 @@ TrainResult run_training(Options options) {
               p.ep > 1 ? " (experts split over ep " + std::to_string(p.ep) + ")" : "", "\neffective configuration:\n",
               options.to_ini());
     return config;
-  });
+  }, startup_timeout_s(options.raw("comm.timeout_s")));
   const std::string config_text = options.to_ini();
   // A start that fails removes the directories it made (a mistyped corpus leaves no run behind).
   std::vector<std::string> made_directories;

@@ -1,6 +1,7 @@
 // dstrain train end to end, on real mpirun ranks, checked through the files it writes.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "dstrain/core/files.h"
@@ -225,3 +226,33 @@ TEST(Training, AModelTooLargeForMemoryExitsWithCode7) {
   EXPECT_EQ(run.output.find("frame #"), std::string::npos) << run.output;  // no C++ backtrace
   EXPECT_EQ(dstrain::files::directory_entries(dir + "/checkpoints"), before);
 }
+
+// A rank stopped (SIGSTOP) before MPI starts: MPI_Init on the others waits for it, which has no
+// timeout of its own; comm.timeout_s bounds it, and the job ends with exit code 5 naming the phase.
+TEST(Training, ARankStoppedAtStartUpEndsTheJobWithinTheTimeout) {
+  const std::string dir = scratch_dir("stopped-at-start");
+  // The launcher starts each rank through a shell; rank 1's stops itself before it becomes dstrain.
+  std::string command = "timeout 120 " + std::string(MPIEXEC) +
+                        " -np 2 --oversubscribe bash -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then kill -STOP $$; fi; "
+                        "exec \"$0\" \"$@\"' " + DSTRAIN_EXE + " train --config " + DSTRAIN_SOURCE_DIR +
+                        "/input/tiny.ini --run.dir " + dir + " --data.train " + test_corpus().train +
+                        " --train.device cpu --comm.timeout_s 3 2>&1";
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 5) << output;  // (124 would be timeout(1)'s: a hang)
+  EXPECT_LT(seconds, 60.0) << output;
+  EXPECT_NE(output.find("MPI start-up (MPI_Init waits for every rank) did not finish within comm.timeout_s = 3 s "
+                        "(rank 0"),
+            std::string::npos)
+      << output;
+}
+

@@ -13,9 +13,11 @@ namespace dstrain {
 // MPI_Init_thread on construction, finalize_mpi on destruction. Only the main thread calls MPI.
 // Left by an exception, it does not finalize: whoever catches the error reports it first and then
 // calls finalize_mpi, so that a failure in MPI's or HDF5's clean-up cannot swallow the message.
+// MPI_Init waits for every rank: one that does not come within `startup_timeout_s` ends the job
+// (StartupDeadline).
 class MpiSession {
  public:
-  MpiSession(int* argc, char*** argv);
+  MpiSession(int* argc, char*** argv, double startup_timeout_s = 600);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
