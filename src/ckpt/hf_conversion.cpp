@@ -11,6 +11,7 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/hf_config.h"
+#include "dstrain/ckpt/hf_fp8.h"
 #include "dstrain/ckpt/hf_weights.h"
 #include "dstrain/ckpt/model_shape.h"
 #include "dstrain/ckpt/training_checkpoint.h"
@@ -30,20 +31,32 @@ bool readable_dtype(const std::string& dtype) { return dtype == "BF16" || dtype 
 // One message for the problems found, the first ones in full.
 Error import_error(const std::vector<std::string>& problems) {
   if (problems.size() == 1) return Error(kCode, problems[0]);
-  std::string message = std::to_string(problems.size()) + " tensors do not fit the configuration's model:";
+  std::string message = std::to_string(problems.size()) + " tensors cannot be imported into the configuration's model:";
   for (size_t i = 0; i < problems.size() && i < 8; ++i) message += "\n  " + problems[i];
   if (problems.size() > 8) message += "\n  ... and " + std::to_string(problems.size() - 8) + " more";
   return Error(kCode, message);
 }
 
+// The config.json beside Hugging Face weights: `json` when there is one.
+struct ConfigJson {
+  std::string path;
+  std::optional<nlohmann::json> json;
+};
+
+ConfigJson config_json_beside(const std::string& source) {
+  ConfigJson config;
+  config.path = hf_config_json_path(source);
+  if (files::is_regular_file(config.path)) config.json = read_hf_config_json(config.path);
+  return config;
+}
+
 // The config.json beside Hugging Face weights, when there is one, must describe the computation
 // of the configuration's model: weights read into another (without the YaRN scaling they were
 // extended with, say) would give other logits.
-void check_config_json(const std::string& source, const ModelConfig& model) {
-  const std::string path = hf_config_json_path(source);
-  if (!files::is_regular_file(path)) return;
-  const nlohmann::json config = read_hf_config_json(path);
-  const HfConfigDifferences differences = hf_config_differences(model, config);
+void check_config_json(const ConfigJson& config, const ModelConfig& model) {
+  if (!config.json) return;
+  const std::string& path = config.path;
+  const HfConfigDifferences differences = hf_config_differences(model, *config.json);
   if (differences.lines.empty()) return;
   std::string message = path + " describes another model than the configuration's:";
   for (const std::string& line : differences.lines) message += "\n  " + line;
@@ -60,11 +73,38 @@ struct ImportPlan {
   std::vector<std::string> skipped;   // tensors of the files left out
   std::vector<std::pair<std::string, std::string>> copies;  // {shared copy, original}: to compare
   int64_t unbuilt = 0;  // tensors of multi-token prediction layers the model does not have
+  std::optional<Fp8BlockSize> fp8;  // config.json's, when parameters are stored F8_E4M3
 };
 
 using ParameterShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// Every parameter must be in the files, with its shape and a dtype dstrain reads.
+// F8_E4M3 parameters are read in blocks of the size that config.json's quantization_config gives
+// (the scales' shape alone cannot tell a block size from a damaged scale): plan.fp8, or a problem
+// when it gives none.
+void plan_fp8(const HfWeights& weights, const ConfigJson& config, const ParameterShapes& shapes, ImportPlan& plan) {
+  std::vector<std::string> fp8;
+  for (const auto& [name, shape] : shapes)
+    if (const SafetensorsEntry* e = weights.find(name); e && e->dtype == kSafetensorsE4M3) fp8.push_back(name);
+  if (fp8.empty()) return;
+  if (config.json) plan.fp8 = hf_fp8_block_size(*config.json, config.path);
+  if (plan.fp8) return;
+  plan.problems.push_back(
+      weights.file_of(fp8[0]) + ": tensor " + fp8[0] + " is " + kSafetensorsE4M3 +
+      (fp8.size() > 1 ? " (and " + std::to_string(fp8.size() - 1) + " more)" : "") + ", but " +
+      (config.json ? config.path + " has no quantization_config" : "no config.json lies beside the weights") +
+      " to give the block size of its scales (DeepSeek's: \"quantization_config\": {\"quant_method\": \"fp8\", "
+      "\"fmt\": \"e4m3\", \"weight_block_size\": [128, 128]})");
+}
+
+// A parameter as the files hold it: FP8 weights times their scales, in float32.
+torch::Tensor read_parameter(const HfWeights& weights, const std::string& name, const std::optional<Fp8BlockSize>& fp8) {
+  const SafetensorsEntry* e = weights.find(name);
+  if (fp8 && e && e->dtype == kSafetensorsE4M3) return read_hf_fp8(weights, name, *fp8);
+  return weights.read(name);
+}
+
+// Every parameter must be in the files, with its shape and a dtype dstrain reads; FP8 ones with
+// scales of the right shape and values.
 void check_parameters(const HfWeights& weights, const std::string& source, const ParameterShapes& shapes,
                       ImportPlan& plan) {
   for (const auto& [name, shape] : shapes) {
@@ -75,9 +115,13 @@ void check_parameters(const HfWeights& weights, const std::string& source, const
     else if (e->shape != shape)
       plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " has shape " + shape_text(e->shape) +
                               "; the configuration's model expects " + shape_text(shape));
-    else if (!readable_dtype(e->dtype))
+    else if (e->dtype == kSafetensorsE4M3) {
+      const std::string problem = plan.fp8 ? hf_fp8_problem(weights, name, *plan.fp8) : "";  // else plan_fp8's
+      if (!problem.empty()) plan.problems.push_back(problem);
+    } else if (!readable_dtype(e->dtype)) {
       plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " has dtype " + e->dtype +
-                              "; dstrain reads BF16, F16 and F32 (dequantize the weights first)");
+                              "; dstrain reads BF16, F16, F32 and block-scaled F8_E4M3");
+    }
   }
 }
 
@@ -100,6 +144,15 @@ void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, cons
   };
   for (const std::string& name : weights.names()) {
     if (parameters.count(name)) continue;
+    const std::string scaled = hf_scaled_weight(name);
+    if (!scaled.empty() && parameters.count(scaled)) {
+      const std::string dtype = weights.find(scaled) ? weights.find(scaled)->dtype : "";
+      if (dtype == kSafetensorsE4M3) continue;  // the scales of an FP8 parameter, consumed with it
+      if (!dtype.empty())
+        plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " scales " + scaled + ", which is " +
+                                dtype + ", not " + kSafetensorsE4M3 + " (a file of a half-converted model?)");
+      continue;
+    }
     const std::string original = hf_shared_original(name, model.num_layers);
     const int64_t layer = hf_layer_index(name);
     if (!original.empty() && layers.count(layer)) {
@@ -128,7 +181,7 @@ void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, cons
 std::vector<std::string> import_warnings(const HfWeights& weights, const ImportPlan& plan, int64_t num_layers) {
   std::vector<std::string> warnings;
   for (const auto& [copy, original] : plan.copies) {
-    const torch::Tensor a = weights.read(copy), b = weights.read(original);
+    const torch::Tensor a = read_parameter(weights, copy, plan.fp8), b = read_parameter(weights, original, plan.fp8);
     if (!a.sizes().equals(b.sizes()) || !a.to(torch::kFloat32).equal(b.to(torch::kFloat32)))
       warnings.push_back("tensor " + copy + " differs from " + original +
                          ", which the multi-token prediction module shares in dstrain: " + original + " is kept");
@@ -157,8 +210,8 @@ CheckpointState imported_state(const HfImportSettings& settings) {
 
 // Writes every parameter, converted to result.dtype, into the checkpoint `output`, counting them
 // in `result`. The directories made for it go again when it fails.
-void write_imported(const std::string& output, const HfWeights& weights, const ParameterShapes& shapes,
-                    const CheckpointState& state, HfImportResult& result) {
+void write_imported(const std::string& output, const HfWeights& weights, const ImportPlan& plan,
+                    const ParameterShapes& shapes, const CheckpointState& state, HfImportResult& result) {
   std::vector<std::string> names;
   for (const auto& [name, shape] : shapes) names.push_back(name);
   std::string why;
@@ -169,7 +222,7 @@ void write_imported(const std::string& output, const HfWeights& weights, const P
     write_model_checkpoint(
         output, names,
         [&](const std::string& name) {
-          torch::Tensor t = weights.read(name).to(parameter_dtype(name, result.dtype));
+          torch::Tensor t = read_parameter(weights, name, plan.fp8).to(parameter_dtype(name, result.dtype));
           ++result.tensors;
           result.bytes += static_cast<int64_t>(t.nbytes());
           return t;
@@ -300,8 +353,10 @@ std::string hf_shared_original(const std::string& name, int64_t num_hidden_layer
 HfImportResult import_hf(const std::string& source, const HfImportSettings& settings, const std::string& output) {
   const ParameterShapes shapes = parameter_shapes(settings.model);
   const HfWeights weights(source);
-  check_config_json(source, settings.model);
+  const ConfigJson config = config_json_beside(source);
+  check_config_json(config, settings.model);
   ImportPlan plan;
+  plan_fp8(weights, config, shapes, plan);
   check_parameters(weights, source, shapes, plan);
   sort_other_tensors(weights, settings.model, shapes, plan);
   if (!plan.problems.empty()) throw import_error(plan.problems);
@@ -309,7 +364,7 @@ HfImportResult import_hf(const std::string& source, const HfImportSettings& sett
   result.dtype = settings.dtype;
   result.skipped = plan.skipped;
   result.warnings = import_warnings(weights, plan, settings.model.num_layers);
-  write_imported(output, weights, shapes, imported_state(settings), result);
+  write_imported(output, weights, plan, shapes, imported_state(settings), result);
   return result;
 }
 

@@ -61,10 +61,14 @@ struct HfImportResult {
 
 // Fills every parameter of `settings.model` from the safetensors at `source` (a file, or a
 // directory with one file or shards and their index), converted to `settings.dtype`, into the
-// checkpoint `output` (written whole or not at all). Throws Error(kCheckpoint) naming the file and
-// the tensor when a parameter is missing, has another shape or an unreadable dtype, or a tensor of
-// the files belongs to no parameter (another model); Error(kUsage) when the config.json beside
-// `source` describes another model, or `output`'s directory cannot be made.
+// checkpoint `output` (written whole or not at all), one tensor at a time. F8_E4M3 parameters
+// are multiplied by their block scales (hf_fp8.h) in the block size of config.json's
+// quantization_config; the scale tensors are consumed with them. Throws Error(kCheckpoint) naming
+// the file and the tensor when a parameter is missing, has another shape or an unreadable dtype,
+// an FP8 one has no scales, scales of another shape or scales that are not finite and positive,
+// or no quantization_config, or a tensor of the files belongs to no parameter (another model);
+// Error(kUsage) when the config.json beside `source` describes another model, or `output`'s
+// directory cannot be made.
 HfImportResult import_hf(const std::string& source, const HfImportSettings& settings, const std::string& output);
 
 struct HfExportResult {
