@@ -259,27 +259,52 @@ StoredParameters stored_parameters(const CheckpointReader& reader, const ModelCo
   return stored;
 }
 
-// The tensors of an export: every parameter in `dtype` (or as stored), then the copies a Hugging
-// Face file keeps of what multi-token prediction modules share; `original_of` maps each tensor
-// to the parameter it is read from.
+// Where a tensor of an export comes from: a parameter's values in a dtype, or its FP8 codes or
+// scales.
+struct ExportSource {
+  enum class Part { kValues, kCodes, kScales };
+  std::string parameter;
+  Part part = Part::kValues;
+  torch::ScalarType dtype = torch::kFloat32;  // of kValues
+};
+using ExportSources = std::map<std::string, ExportSource>;  // by tensor written
+
+// A parameter that DeepSeek quantizes, as FP8 codes and their scales (hf_fp8.h).
+void add_fp8_specs(const std::string& name, const std::vector<int64_t>& shape, Fp8BlockSize block,
+                   std::vector<SafetensorsSpec>& specs, ExportSources& sources) {
+  specs.push_back({name, torch::kUInt8, shape, /*e4m3=*/true});
+  sources[name] = {name, ExportSource::Part::kCodes};
+  const std::string scale = hf_scale_name(name);
+  specs.push_back({scale, torch::kFloat32, fp8_scale_shape(shape, block)});
+  sources[scale] = {name, ExportSource::Part::kScales};
+}
+
+// The tensors of an export: every parameter in the format's dtype (or as stored; FP8 with its
+// scales where the format quantizes it), then the copies a Hugging Face file keeps of what
+// multi-token prediction modules share.
 std::vector<SafetensorsSpec> export_specs(const std::string& checkpoint, const StoredParameters& stored,
-                                          std::optional<torch::ScalarType> dtype, int64_t num_layers,
-                                          std::map<std::string, std::string>* original_of) {
+                                          const HfExportFormat& format, int64_t num_layers, ExportSources& sources) {
+  // Beside FP8 weights the rest is BF16, as in DeepSeek's files.
+  const std::optional<torch::ScalarType> dtype = format.fp8 ? torch::kBFloat16 : format.dtype;
   std::vector<SafetensorsSpec> specs;
   std::vector<std::string> names;
   for (const auto& [name, info] : stored) {
+    names.push_back(name);
+    if (format.fp8 && hf_fp8_quantizes(name, info->shape)) {
+      add_fp8_specs(name, info->shape, *format.fp8, specs, sources);
+      continue;
+    }
     const torch::ScalarType out = dtype ? parameter_dtype(name, *dtype) : info->dtype;
     if (out != torch::kBFloat16 && out != torch::kFloat16 && out != torch::kFloat32)
       throw Error(kCode, checkpoint + ": /model/" + name + " is " + dtype_name(info->dtype) +
                              "; safetensors exports are bf16, fp16 or fp32 (give --dtype)");
     specs.push_back({name, out, info->shape});
-    (*original_of)[name] = name;
-    names.push_back(name);
+    sources[name] = {name, ExportSource::Part::kValues, out};
   }
   for (const auto& [copy, original] : hf_shared_copies(names, num_layers)) {
     const CheckpointReader::DatasetInfo* info = stored.at(original);
     specs.push_back({copy, dtype.value_or(info->dtype), info->shape});
-    (*original_of)[copy] = original;
+    sources[copy] = {original, ExportSource::Part::kValues, dtype.value_or(info->dtype)};
   }
   return specs;
 }
@@ -369,20 +394,30 @@ HfImportResult import_hf(const std::string& source, const HfImportSettings& sett
 }
 
 HfExportResult export_hf(const CheckpointReader& reader, const ModelConfig& model, const std::string& dir,
-                         std::optional<torch::ScalarType> dtype, uint64_t max_shard_bytes) {
+                         const HfExportFormat& format, uint64_t max_shard_bytes) {
   const StoredParameters stored = stored_parameters(reader, model);
-  std::map<std::string, std::string> original_of;  // tensor written → parameter read
-  const std::vector<SafetensorsSpec> specs = export_specs(reader.path(), stored, dtype, model.num_layers, &original_of);
+  ExportSources sources;
+  const std::vector<SafetensorsSpec> specs = export_specs(reader.path(), stored, format, model.num_layers, sources);
   HfExportResult result;
-  std::map<std::string, torch::ScalarType> dtype_of;
-  for (const SafetensorsSpec& s : specs) {
-    dtype_of[s.name] = s.dtype;
-    result.bytes += static_cast<int64_t>(safetensors_bytes(s));
-  }
+  for (const SafetensorsSpec& s : specs) result.bytes += static_cast<int64_t>(safetensors_bytes(s));
   result.tensors = static_cast<int64_t>(specs.size());
-  result.dtype = dtype.value_or(stored.at("model.embed_tokens.weight")->dtype);
-  const HfConfig config = hf_config(model, result.dtype);
+  result.fp8 = format.fp8.has_value();
+  result.dtype = format.fp8 ? torch::kBFloat16 : format.dtype.value_or(stored.at("model.embed_tokens.weight")->dtype);
+  HfConfig config = hf_config(model, result.dtype);
+  if (format.fp8) config.json["quantization_config"] = hf_fp8_quantization_config(*format.fp8);
   result.warnings = config.warnings;
+  // A bf16/fp16 run's fp32 master is the weight itself; its parameter is that rounded.
+  auto weight = [&](const std::string& parameter) { return reader.read(weight_dataset(reader, parameter)); };
+  HfFp8Quantizer quantizer(format.fp8.value_or(Fp8BlockSize{}), weight);
+  auto tensor = [&](const std::string& name) {
+    const ExportSource& source = sources.at(name);
+    switch (source.part) {
+      case ExportSource::Part::kCodes: return quantizer.quantized(source.parameter).codes;
+      case ExportSource::Part::kScales: return quantizer.quantized(source.parameter).scale_inv;
+      case ExportSource::Part::kValues: break;
+    }
+    return weight(source.parameter).to(source.dtype);
+  };
 
   // config.json is written first, and the one of an earlier export leaves before the weights are
   // replaced: a directory whose export failed midway has no config.json, never old and new mixed.
@@ -391,13 +426,7 @@ HfExportResult export_hf(const CheckpointReader& reader, const ModelConfig& mode
   const std::vector<std::string> made_directories = write_config_json(dir, tmp, config.json);
   std::remove(path.c_str());
   try {
-    // A bf16/fp16 run's fp32 master is the weight itself; its parameter is that rounded.
-    result.files = write_hf_weights(
-        dir, specs,
-        [&](const std::string& name) {
-          return reader.read(weight_dataset(reader, original_of.at(name))).to(dtype_of.at(name));
-        },
-        max_shard_bytes);
+    result.files = write_hf_weights(dir, specs, tensor, max_shard_bytes);
   } catch (...) {
     std::remove(tmp.c_str());
     files::remove_empty_directories(made_directories);

@@ -2,6 +2,8 @@
 // quantization_config (hf_fp8.h).
 #include "dstrain/ckpt/hf_fp8.h"
 
+#include <utility>
+
 #include "dstrain/ckpt/format.h"
 #include "dstrain/ckpt/safetensors.h"
 #include "dstrain/core/error.h"
@@ -89,6 +91,19 @@ torch::Tensor read_hf_fp8(const HfWeights& weights, const std::string& name, Fp8
     throw Error(kCode, weights.file_of(name) + ": tensor " + name + " is " + kSafetensorsE4M3 +
                            ", and no file holds its scales " + scale_name);
   return fp8_dequantize(weights.read_e4m3(name), weights.read(scale_name), block, name);
+}
+
+HfFp8Quantizer::HfFp8Quantizer(Fp8BlockSize block, std::function<torch::Tensor(const std::string&)> read)
+    : block_(block), read_(std::move(read)) {}
+
+const Fp8Weight& HfFp8Quantizer::quantized(const std::string& weight) {
+  if (weight != name_) {
+    last_ = Fp8Weight{};  // the previous weight goes before the next is read
+    name_.clear();
+    last_ = fp8_quantize(read_(weight), block_, weight);
+    name_ = weight;
+  }
+  return last_;
 }
 
 }  // namespace dstrain

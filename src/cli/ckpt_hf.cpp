@@ -33,12 +33,14 @@ const char* kImportHfUsage =
     "`generate` read the checkpoint; `dstrain train --ckpt.load_weights CKPT.h5` fine-tunes from it.\n";
 
 const char* kExportHfUsage =
-    "usage: dstrain ckpt export-hf CKPT --output DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
+    "usage: dstrain ckpt export-hf CKPT --output DIR [--dtype bf16|fp16|fp32|fp8] [--max-shard-size SIZE]\n"
     "\n"
     "Writes the model of checkpoint CKPT (a file, or a checkpoint directory: its latest) into DIR as\n"
     "Hugging Face weights: model.safetensors, or shards model-0000i-of-0000N.safetensors of at most\n"
     "SIZE (default 5GB; B, KB, MB, GB, KiB, MiB, GiB) and model.safetensors.index.json, and config.json.\n"
-    "  --dtype D            the tensors' dtype (default: as stored in the checkpoint)\n";
+    "  --dtype D            the tensors' dtype (default: as stored in the checkpoint); fp8: DeepSeek-V3's\n"
+    "                       layout, the attention and MLP projections F8_E4M3 with a weight_scale_inv\n"
+    "                       per 128x128 block, the rest bf16\n";
 
 namespace {
 
@@ -192,13 +194,14 @@ int export_hf_command(const std::vector<std::string>& args) {
                                       "\n" + kExportHfUsage);
   if (!parsed.own.count("output"))
     throw Error(ExitCode::kUsage, std::string("ckpt export-hf: give --output DIR\n") + kExportHfUsage);
-  std::optional<torch::ScalarType> dtype;
+  HfExportFormat format;
   if (parsed.own.count("dtype")) {
     const std::string& name = parsed.own.at("dtype");
-    if (name == "bf16") dtype = torch::kBFloat16;
-    else if (name == "fp16") dtype = torch::kFloat16;
-    else if (name == "fp32") dtype = torch::kFloat32;
-    else throw config_error("--dtype", name, "expected bf16, fp16 or fp32");
+    if (name == "bf16") format.dtype = torch::kBFloat16;
+    else if (name == "fp16") format.dtype = torch::kFloat16;
+    else if (name == "fp32") format.dtype = torch::kFloat32;
+    else if (name == "fp8") format.fp8 = Fp8BlockSize{};  // DeepSeek's 128 × 128
+    else throw config_error("--dtype", name, "expected bf16, fp16, fp32 or fp8");
   }
   const uint64_t max_shard = parse_size(parsed.own.count("max-shard-size") ? parsed.own.at("max-shard-size") : "5GB");
   if (!files::exists(parsed.overrides[0]))
@@ -207,10 +210,11 @@ int export_hf_command(const std::vector<std::string>& args) {
   const std::string dir = parsed.own.at("output");
 
   const CheckpointReader reader(checkpoint);
-  const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, dtype, max_shard);
+  const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, format, max_shard);
   for (const std::string& warning : result.warnings) log::warning(warning);
+  const std::string dtypes = result.fp8 ? "fp8 e4m3 in 128x128 blocks, the rest bf16" : dtype_name(result.dtype);
   std::printf("exported %lld tensors (%s, %s) of %s into %s:", static_cast<long long>(result.tensors),
-              megabytes(result.bytes).c_str(), dtype_name(result.dtype), checkpoint.c_str(), dir.c_str());
+              megabytes(result.bytes).c_str(), dtypes.c_str(), checkpoint.c_str(), dir.c_str());
   for (const std::string& file : result.files) std::printf(" %s", file.c_str());
   std::printf("\n");
   return 0;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,5 +47,20 @@ std::string hf_fp8_problem(const HfWeights& weights, const std::string& name, Fp
 // The F8_E4M3 weight `name` times its scales, float32. Throws Error(kCheckpoint) naming the tensor
 // as hf_fp8_problem would.
 torch::Tensor read_hf_fp8(const HfWeights& weights, const std::string& name, Fp8BlockSize block);
+
+// The FP8 weights of an export, each quantized once: a writer in name order asks for "X.weight",
+// then for "X.weight_scale_inv", which comes next; the last weight quantized is kept for it.
+class HfFp8Quantizer {
+ public:
+  // `read`: a weight by parameter name, in any float dtype.
+  HfFp8Quantizer(Fp8BlockSize block, std::function<torch::Tensor(const std::string&)> read);
+  const Fp8Weight& quantized(const std::string& weight);
+
+ private:
+  Fp8BlockSize block_;
+  std::function<torch::Tensor(const std::string&)> read_;
+  std::string name_;  // of `last_`
+  Fp8Weight last_;
+};
 
 }  // namespace dstrain
