@@ -182,7 +182,11 @@ std::vector<std::string> import_warnings(const HfWeights& weights, const ImportP
   std::vector<std::string> warnings;
   for (const auto& [copy, original] : plan.copies) {
     const torch::Tensor a = read_parameter(weights, copy, plan.fp8), b = read_parameter(weights, original, plan.fp8);
-    if (!a.sizes().equals(b.sizes()) || !a.to(torch::kFloat32).equal(b.to(torch::kFloat32)))
+    // Compared in the files' dtype when they share it: no float32 copies of the largest tensors.
+    const bool same = a.sizes().equals(b.sizes()) && (a.scalar_type() == b.scalar_type()
+                                                          ? a.equal(b)
+                                                          : a.to(torch::kFloat32).equal(b.to(torch::kFloat32)));
+    if (!same)
       warnings.push_back("tensor " + copy + " differs from " + original +
                          ", which the multi-token prediction module shares in dstrain: " + original + " is kept");
   }

@@ -15,6 +15,7 @@
 #include "dstrain/ckpt/hf_conversion.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/core/heap.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/train/train_config.h"
@@ -130,6 +131,10 @@ ModelConfig checkpoint_model_config(const CheckpointReader& reader) {
   }
 }
 
+// Both conversions hold one tensor at a time; tensors from this size up are given back to the
+// system as soon as they are freed, so that the peak memory is that of the largest (heap.h).
+constexpr size_t kMappedTensorBytes = 1 << 20;
+
 std::string megabytes(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
@@ -169,6 +174,7 @@ int import_hf_command(const std::vector<std::string>& args) {
   }
   const ParsedCommandLine config = parse_command_line(table, config_args);
 
+  heap::map_allocations_from(kMappedTensorBytes);
   const HfImportResult result = import_hf(source, import_settings(config.options), output);
   for (const std::string& warning : result.warnings) log::warning(warning);
   std::printf("imported %lld tensors (%s, %s) from %s into %s", static_cast<long long>(result.tensors),
@@ -210,6 +216,7 @@ int export_hf_command(const std::vector<std::string>& args) {
   const std::string dir = parsed.own.at("output");
 
   const CheckpointReader reader(checkpoint);
+  heap::map_allocations_from(kMappedTensorBytes);
   const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, format, max_shard);
   for (const std::string& warning : result.warnings) log::warning(warning);
   const std::string dtypes = result.fp8 ? "fp8 e4m3 in 128x128 blocks, the rest bf16" : dtype_name(result.dtype);
