@@ -105,6 +105,12 @@ torch::Tensor HfWeights::read(const std::string& name) const {
   return reader->read(name);
 }
 
+torch::Tensor HfWeights::read_e4m3(const std::string& name) const {
+  const SafetensorsReader* reader = reader_of(name);
+  if (!reader) throw Error(kCode, "tensor " + name + " is in none of " + std::to_string(paths_.size()) + " file(s)");
+  return reader->read_e4m3(name);
+}
+
 std::vector<std::string> write_hf_weights(const std::string& dir, const std::vector<SafetensorsSpec>& specs,
                                           const TensorSource& source, uint64_t max_shard_bytes) {
   std::vector<SafetensorsSpec> sorted = specs;

@@ -185,25 +185,41 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
   return it != entries_.end() && it->name == name ? &*it : nullptr;
 }
 
-torch::Tensor SafetensorsReader::read(const std::string& name) const {
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) throw Error(kCode, path_ + ": no tensor " + name);
+  return *e;
+}
+
+torch::Tensor SafetensorsReader::read_bytes(const SafetensorsEntry& e, torch::ScalarType dtype) const {
+  torch::Tensor values = torch::empty(e.shape, torch::dtype(dtype));
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  if (!in || !in.read(static_cast<char*>(values.data_ptr()), static_cast<std::streamsize>(e.end - e.begin)))
+    throw Error(kCode, path_ + ": tensor " + e.name + ": cannot read its data (truncated file?)");
+  return values;
+}
+
+torch::Tensor SafetensorsReader::read(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
   torch::ScalarType dtype;
-  if (e->dtype == "BF16")
+  if (e.dtype == "BF16")
     dtype = torch::kBFloat16;
-  else if (e->dtype == "F16")
+  else if (e.dtype == "F16")
     dtype = torch::kFloat16;
-  else if (e->dtype == "F32")
+  else if (e.dtype == "F32")
     dtype = torch::kFloat32;
   else
-    throw Error(kCode, path_ + ": tensor " + name + " has dtype " + e->dtype +
-                           "; dstrain reads BF16, F16 and F32 (dequantize it first)");
-  torch::Tensor values = torch::empty(e->shape, torch::dtype(dtype));
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(data_start_ + e->begin));
-  if (!in || !in.read(static_cast<char*>(values.data_ptr()), static_cast<std::streamsize>(e->end - e->begin)))
-    throw Error(kCode, path_ + ": tensor " + name + ": cannot read its data (truncated file?)");
-  return values;
+    throw Error(kCode, path_ + ": tensor " + name + " has dtype " + e.dtype +
+                           "; dstrain reads BF16, F16 and F32 (and F8_E4M3 with its block scales)");
+  return read_bytes(e, dtype);
+}
+
+torch::Tensor SafetensorsReader::read_e4m3(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  if (e.dtype != kSafetensorsE4M3)
+    throw Error(kCode, path_ + ": tensor " + name + " has dtype " + e.dtype + ", not " + kSafetensorsE4M3);
+  return read_bytes(e, torch::kUInt8);
 }
 
 void write_safetensors(const std::string& path, std::vector<SafetensorsSpec> specs, const TensorSource& source,
@@ -217,8 +233,10 @@ void write_safetensors(const std::string& path, std::vector<SafetensorsSpec> spe
     const SafetensorsSpec& s = specs[i];
     if (i > 0 && s.name == specs[i - 1].name) throw Error(ExitCode::kInternal, path + ": tensor " + s.name + " twice");
     const uint64_t bytes = safetensors_bytes(s);
+    if (s.e4m3 && s.dtype != torch::kUInt8)
+      throw Error(ExitCode::kInternal, path + ": tensor " + s.name + ": E4M3 codes come as uint8");
     nlohmann::ordered_json record;
-    record["dtype"] = safetensors_dtype_name(s.dtype);
+    record["dtype"] = s.e4m3 ? kSafetensorsE4M3 : safetensors_dtype_name(s.dtype);
     record["shape"] = s.shape;
     record["data_offsets"] = {offset, offset + bytes};
     header[s.name] = std::move(record);

@@ -15,6 +15,7 @@
 #include "dstrain/ckpt/hf_conversion.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/core/heap.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/train/train_config.h"
@@ -25,19 +26,22 @@ const char* kImportHfUsage =
     "usage: dstrain ckpt import-hf PATH [--config FILE.ini] --output CKPT.h5 [--section.key value ...]\n"
     "\n"
     "Reads Hugging Face safetensors weights (PATH: a .safetensors file, or a directory with\n"
-    "model.safetensors or with shards and model.safetensors.index.json; BF16, F16 or F32) into a new\n"
+    "model.safetensors or with shards and model.safetensors.index.json; BF16, F16, F32, or DeepSeek's\n"
+    "block-scaled F8_E4M3 with their weight_scale_inv and config.json's quantization_config) into a new\n"
     "checkpoint CKPT.h5 for the model that FILE.ini configures (its [model] keys, train.precision for\n"
     "the stored dtype), or without --config the model that the config.json beside the weights\n"
     "describes. Every parameter must be in the files with the same shape. `dstrain eval` and\n"
     "`generate` read the checkpoint; `dstrain train --ckpt.load_weights CKPT.h5` fine-tunes from it.\n";
 
 const char* kExportHfUsage =
-    "usage: dstrain ckpt export-hf CKPT --output DIR [--dtype bf16|fp16|fp32] [--max-shard-size SIZE]\n"
+    "usage: dstrain ckpt export-hf CKPT --output DIR [--dtype bf16|fp16|fp32|fp8] [--max-shard-size SIZE]\n"
     "\n"
     "Writes the model of checkpoint CKPT (a file, or a checkpoint directory: its latest) into DIR as\n"
     "Hugging Face weights: model.safetensors, or shards model-0000i-of-0000N.safetensors of at most\n"
     "SIZE (default 5GB; B, KB, MB, GB, KiB, MiB, GiB) and model.safetensors.index.json, and config.json.\n"
-    "  --dtype D            the tensors' dtype (default: as stored in the checkpoint)\n";
+    "  --dtype D            the tensors' dtype (default: as stored in the checkpoint); fp8: DeepSeek-V3's\n"
+    "                       layout, the attention and MLP projections F8_E4M3 with a weight_scale_inv\n"
+    "                       per 128x128 block, the rest bf16\n";
 
 namespace {
 
@@ -127,6 +131,10 @@ ModelConfig checkpoint_model_config(const CheckpointReader& reader) {
   }
 }
 
+// Both conversions hold one tensor at a time; tensors from this size up are given back to the
+// system as soon as they are freed, so that the peak memory is that of the largest (heap.h).
+constexpr size_t kMappedTensorBytes = 1 << 20;
+
 std::string megabytes(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
@@ -166,6 +174,7 @@ int import_hf_command(const std::vector<std::string>& args) {
   }
   const ParsedCommandLine config = parse_command_line(table, config_args);
 
+  heap::map_allocations_from(kMappedTensorBytes);
   const HfImportResult result = import_hf(source, import_settings(config.options), output);
   for (const std::string& warning : result.warnings) log::warning(warning);
   std::printf("imported %lld tensors (%s, %s) from %s into %s", static_cast<long long>(result.tensors),
@@ -191,13 +200,14 @@ int export_hf_command(const std::vector<std::string>& args) {
                                       "\n" + kExportHfUsage);
   if (!parsed.own.count("output"))
     throw Error(ExitCode::kUsage, std::string("ckpt export-hf: give --output DIR\n") + kExportHfUsage);
-  std::optional<torch::ScalarType> dtype;
+  HfExportFormat format;
   if (parsed.own.count("dtype")) {
     const std::string& name = parsed.own.at("dtype");
-    if (name == "bf16") dtype = torch::kBFloat16;
-    else if (name == "fp16") dtype = torch::kFloat16;
-    else if (name == "fp32") dtype = torch::kFloat32;
-    else throw config_error("--dtype", name, "expected bf16, fp16 or fp32");
+    if (name == "bf16") format.dtype = torch::kBFloat16;
+    else if (name == "fp16") format.dtype = torch::kFloat16;
+    else if (name == "fp32") format.dtype = torch::kFloat32;
+    else if (name == "fp8") format.fp8 = Fp8BlockSize{};  // DeepSeek's 128 × 128
+    else throw config_error("--dtype", name, "expected bf16, fp16, fp32 or fp8");
   }
   const uint64_t max_shard = parse_size(parsed.own.count("max-shard-size") ? parsed.own.at("max-shard-size") : "5GB");
   if (!files::exists(parsed.overrides[0]))
@@ -206,10 +216,12 @@ int export_hf_command(const std::vector<std::string>& args) {
   const std::string dir = parsed.own.at("output");
 
   const CheckpointReader reader(checkpoint);
-  const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, dtype, max_shard);
+  heap::map_allocations_from(kMappedTensorBytes);
+  const HfExportResult result = export_hf(reader, checkpoint_model_config(reader), dir, format, max_shard);
   for (const std::string& warning : result.warnings) log::warning(warning);
+  const std::string dtypes = result.fp8 ? "fp8 e4m3 in 128x128 blocks, the rest bf16" : dtype_name(result.dtype);
   std::printf("exported %lld tensors (%s, %s) of %s into %s:", static_cast<long long>(result.tensors),
-              megabytes(result.bytes).c_str(), dtype_name(result.dtype), checkpoint.c_str(), dir.c_str());
+              megabytes(result.bytes).c_str(), dtypes.c_str(), checkpoint.c_str(), dir.c_str());
   for (const std::string& file : result.files) std::printf(" %s", file.c_str());
   std::printf("\n");
   return 0;

@@ -161,12 +161,13 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
   write_raw(negative, R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, '\0'));
   expect_error([&] { SafetensorsReader r(negative); }, code, {negative, "tensor a", "non-negative"});
 
-  // FP8 is a well-formed file whose tensors dstrain does not convert: an error when read.
+  // FP8 is a well-formed file whose codes come as bytes (read_e4m3), never as if they were values.
   const std::string fp8 = dir.path("fp8.safetensors");
-  write_raw(fp8, R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  write_raw(fp8, R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]}})", std::string("\x38\xb8\x7e\x00", 4));
   const SafetensorsReader reader(fp8);
   EXPECT_EQ(reader.find("w")->dtype, "F8_E4M3");
   expect_error([&] { reader.read("w"); }, code, {fp8, "tensor w", "dtype F8_E4M3"});
+  EXPECT_TRUE(torch::equal(reader.read_e4m3("w"), torch::tensor({0x38, 0xb8, 0x7e, 0x00}, torch::kUInt8).reshape({2, 2})));
   expect_error([&] { reader.read("v"); }, code, {fp8, "no tensor v"});
   expect_error([&] { SafetensorsReader r(dir.path("absent.safetensors")); }, code, {"absent.safetensors", "no such file"});
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/fp8_blocks.h"
 #include "dstrain/model/model_config.h"
 
 namespace dstrain {
@@ -61,23 +62,35 @@ struct HfImportResult {
 
 // Fills every parameter of `settings.model` from the safetensors at `source` (a file, or a
 // directory with one file or shards and their index), converted to `settings.dtype`, into the
-// checkpoint `output` (written whole or not at all). Throws Error(kCheckpoint) naming the file and
-// the tensor when a parameter is missing, has another shape or an unreadable dtype, or a tensor of
-// the files belongs to no parameter (another model); Error(kUsage) when the config.json beside
-// `source` describes another model, or `output`'s directory cannot be made.
+// checkpoint `output` (written whole or not at all), one tensor at a time. F8_E4M3 parameters
+// are multiplied by their block scales (hf_fp8.h) in the block size of config.json's
+// quantization_config; the scale tensors are consumed with them. Throws Error(kCheckpoint) naming
+// the file and the tensor when a parameter is missing, has another shape or an unreadable dtype,
+// an FP8 one has no scales, scales of another shape or scales that are not finite and positive,
+// or no quantization_config, or a tensor of the files belongs to no parameter (another model);
+// Error(kUsage) when the config.json beside `source` describes another model, or `output`'s
+// directory cannot be made.
 HfImportResult import_hf(const std::string& source, const HfImportSettings& settings, const std::string& output);
+
+// The tensors' dtypes of an export: `dtype` (as stored when unset); or, with `fp8`, DeepSeek's
+// FP8 layout (hf_fp8.h) in blocks of `fp8`, every other tensor BF16 (the MoE balancing bias F32).
+struct HfExportFormat {
+  std::optional<torch::ScalarType> dtype;
+  std::optional<Fp8BlockSize> fp8;
+};
 
 struct HfExportResult {
   std::vector<std::string> files;  // written into the directory, config.json last
-  int64_t tensors = 0, bytes = 0;
+  int64_t tensors = 0, bytes = 0;  // scales of FP8 weights included
   torch::ScalarType dtype = torch::kFloat32;  // config.json's torch_dtype
+  bool fp8 = false;                           // with FP8 weights and config.json's quantization_config
   std::vector<std::string> warnings;
 };
 
 // Writes the model of `checkpoint`, `model` being the one its configuration describes, into
-// `dir`: safetensors (shards of at most `max_shard_bytes`), converted to `dtype` or in the stored
-// dtype, and config.json. Throws Error(kCheckpoint) naming the file and dataset.
+// `dir`: safetensors (shards of at most `max_shard_bytes`) in `format`, and config.json. Throws
+// Error(kCheckpoint) naming the file and dataset (and a weight that FP8 cannot hold: NaN, inf).
 HfExportResult export_hf(const CheckpointReader& checkpoint, const ModelConfig& model, const std::string& dir,
-                         std::optional<torch::ScalarType> dtype, uint64_t max_shard_bytes);
+                         const HfExportFormat& format, uint64_t max_shard_bytes);
 
 }  // namespace dstrain

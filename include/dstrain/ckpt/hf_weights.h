@@ -31,6 +31,8 @@ class HfWeights {
   const std::string& file_of(const std::string& name) const;
   // Throws Error(kCheckpoint) naming the file and tensor (missing, or not BF16/F16/F32).
   torch::Tensor read(const std::string& name) const;
+  // The uint8 codes of an F8_E4M3 tensor (SafetensorsReader::read_e4m3).
+  torch::Tensor read_e4m3(const std::string& name) const;
   const std::vector<std::string>& files() const { return paths_; }
 
  private:

@@ -19,6 +19,9 @@
 
 namespace dstrain {
 
+// The format's name of E4M3 codes (fp8_e4m3.h).
+constexpr const char* kSafetensorsE4M3 = "F8_E4M3";
+
 struct SafetensorsEntry {
   std::string name;
   std::string dtype;  // as the file names it: "BF16", "F16", "F32", "F8_E4M3", "I64", ...
@@ -46,8 +49,14 @@ class SafetensorsReader {
   // A CPU tensor of the file's dtype. Throws Error(kCheckpoint) naming the file and the tensor
   // when it is missing, or of a dtype other than BF16, F16 and F32 (naming the dtype).
   torch::Tensor read(const std::string& name) const;
+  // The codes of an F8_E4M3 tensor as a uint8 tensor of its shape (fp8_e4m3.h decodes them).
+  // Throws Error(kCheckpoint) naming the file and the tensor when it is missing or of another dtype.
+  torch::Tensor read_e4m3(const std::string& name) const;
 
  private:
+  const SafetensorsEntry& entry(const std::string& name) const;  // throws when missing
+  torch::Tensor read_bytes(const SafetensorsEntry& e, torch::ScalarType dtype) const;
+
   std::string path_;
   uint64_t data_start_ = 0;  // 8 + N
   std::vector<SafetensorsEntry> entries_;
@@ -57,8 +66,10 @@ class SafetensorsReader {
 // What a tensor to be written will be, before its data are at hand.
 struct SafetensorsSpec {
   std::string name;
-  torch::ScalarType dtype;  // BF16, F16 or F32
+  torch::ScalarType dtype;  // BF16, F16 or F32; uint8 for E4M3 codes
   std::vector<int64_t> shape;
+  // The uint8 tensor holds E4M3 codes, written as F8_E4M3: LibTorch 1.13 has no dtype to say so.
+  bool e4m3 = false;
 };
 // The data of the tensor `name`, of the dtype and shape its spec says (checked).
 using TensorSource = std::function<torch::Tensor(const std::string& name)>;
