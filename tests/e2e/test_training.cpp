@@ -256,3 +256,30 @@ TEST(Training, ARankStoppedAtStartUpEndsTheJobWithinTheTimeout) {
       << output;
 }
 
+
+// The start-up report names the BLAS library the CPU computes with, and warns when it is the
+// reference one (a fresh Debian's default, about ten times slower than OpenBLAS). The reference
+// library is loaded here by pointing the loader at Debian's netlib directories.
+TEST(Training, StartUpNamesTheBlasAndWarnsOfTheReferenceOne) {
+  const std::string netlib = "/usr/lib/x86_64-linux-gnu/blas", lapack = "/usr/lib/x86_64-linux-gnu/lapack";
+  if (!dstrain::files::exists(netlib + "/libblas.so.3") || !dstrain::files::exists(lapack + "/liblapack.so.3"))
+    GTEST_SKIP() << "Debian's reference BLAS (libblas3, liblapack3) is not installed here";
+  const std::vector<std::string> args = {"train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                         "--run.dir", scratch_dir("blas"), "--train.steps", "-1"};
+  RunOutput usual = run_dstrain(0, args);
+  EXPECT_EQ(usual.exit_code, 2) << usual.output;  // (the report comes before the configuration's check)
+  EXPECT_NE(usual.output.find(", BLAS "), std::string::npos) << usual.output;
+  const char* before = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = before ? before : "";
+  setenv("LD_LIBRARY_PATH", (netlib + ":" + lapack).c_str(), 1);
+  RunOutput reference = run_dstrain(0, args);
+  if (before)
+    setenv("LD_LIBRARY_PATH", saved.c_str(), 1);
+  else
+    unsetenv("LD_LIBRARY_PATH");
+  EXPECT_NE(reference.output.find("BLAS reference BLAS (netlib)"), std::string::npos) << reference.output;
+  EXPECT_NE(reference.output.find("warning: the CPU computes on the reference BLAS"), std::string::npos)
+      << reference.output;
+  EXPECT_EQ(usual.output.find("warning: the CPU computes on the reference BLAS") == std::string::npos,
+            usual.output.find("reference BLAS (netlib)") == std::string::npos);
+}
