@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/peer_health.h"
 
 namespace dstrain {
 namespace {
@@ -168,6 +169,14 @@ MpiCommunicator::~MpiCommunicator() {
     MPI_Comm_free(&comm_);  // status ignored: a destructor cannot report it
 }
 
+Error MpiCommunicator::timeout_error(const std::string& what) const {
+  const std::string timed_out = what + " did not finish within comm.timeout_s = " + seconds_text(timeout_s_);
+  // The silent member first: the line a user reads should name the rank that stopped, not this one.
+  const std::string silent = peer_health::silent_ranks(world_ranks_, std::clamp(timeout_s_ / 10, 2.0, 30.0));
+  if (silent.empty()) return comm_error(timed_out + ": a peer rank has died or hangs");
+  return comm_error(silent + ". This rank's " + timed_out);
+}
+
 std::string MpiCommunicator::describe_group() const {
   std::string ranks;
   for (size_t i = 0; i < world_ranks_.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(world_ranks_[i]);
@@ -178,13 +187,13 @@ std::string MpiCommunicator::describe_group() const {
 void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
+  const peer_health::Waiting waiting(what);  // what a peer that asks is told
   for (int polls = 0;; ++polls) {
     int done = 0;
     MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
-    if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
-      throw comm_error(what() + " did not finish within comm.timeout_s = " + seconds_text(timeout_s_) +
-                       ": a peer rank has died or hangs");
+    peer_health::answer();
+    if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) throw timeout_error(what());
     // Spin briefly (most operations finish at once), then leave the core to the others.
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

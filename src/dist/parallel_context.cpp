@@ -11,6 +11,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/nccl_communicator.h"
+#include "dstrain/dist/peer_health.h"
 #include "dstrain/dist/startup_deadline.h"
 
 namespace dstrain {
@@ -27,6 +28,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  StartupDeadline deadline("MPI start-up (the ranks' host names)", startup_timeout_s);
+  peer_health::start();
 }
 
 MpiSession::~MpiSession() {
@@ -41,6 +44,7 @@ void finalize_mpi() {
   if (h5::holds_unclosable_file()) return;  // closing HDF5, here or in MPI_Finalize, would crash
   // Before MPI_Finalize, which would otherwise close HDF5 from inside MPI.
   if (H5close() < 0) log::warning("HDF5 could not close every file it held at exit");
+  peer_health::stop();
   MPI_Finalize();
 }
 

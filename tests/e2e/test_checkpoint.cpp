@@ -254,8 +254,9 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
             std::string::npos) << longer.output;
 }
 
-// A rank that stops answering: the others give up after comm.timeout_s, say which operation
-// waited for whom, and end the job with the communication exit code.
+// A rank that stops answering: the others give up after comm.timeout_s, name first the rank that
+// no longer answers (even those whose own wait was for a rank that waits for it), then which of
+// their operations waited for whom, and end the job with the communication exit code.
 TEST(Checkpoint, AHungRankEndsTheJobWithACommunicationError) {
   std::string dir = scratch_dir("ckpt-hang");
   RunOutput run = train(4, 2, dir, {"--debug.fail_at_step", "4", "--debug.fail_rank", "1", "--debug.fail_mode", "hang",
@@ -263,6 +264,17 @@ TEST(Checkpoint, AHungRankEndsTheJobWithACommunicationError) {
   EXPECT_EQ(run.exit_code, 5) << run.output;
   EXPECT_NE(run.output.find("did not finish within comm.timeout_s = 3 s"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("world rank 1"), std::string::npos) << run.output;  // the peer waited for
+  // Every timed-out rank's message starts with the silent one, rank 1, and names no other as silent.
+  size_t messages = 0;
+  for (size_t at = run.output.find("error: "); at != std::string::npos; at = run.output.find("error: ", at + 1)) {
+    const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
+    if (line.find("did not finish within") == std::string::npos) continue;
+    ++messages;
+    EXPECT_EQ(line.rfind("error: world rank 1 (host ", 0), 0u) << line;
+    EXPECT_NE(line.find(") did not answer within 2 s: stopped, hung outside communication, or dead"), std::string::npos)
+        << line;
+  }
+  EXPECT_GE(messages, 1u) << run.output;
 }
 
 // A step whose gradients are not finite never reaches a checkpoint: the run stops first.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/core/error.h"
 #include "dstrain/dist/communicator.h"
 
 namespace dstrain {
@@ -49,6 +50,8 @@ class MpiCommunicator : public Communicator {
   // Completes `requests`, or throws a communication error describing `what` after the timeout.
   void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what);
   std::string describe_group() const;
+  // A timeout of `what`: naming first the members that no longer answer (peer_health.h).
+  Error timeout_error(const std::string& what) const;
 
   MPI_Comm comm_;
   double timeout_s_;

@@ -20,6 +20,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/peer_health.h"
 
 namespace dstrain {
 namespace {
@@ -287,6 +288,7 @@ class NcclCommunicator final : public Communicator {
         std::lock_guard<std::mutex> lock(mutex_);
         check_async_error();
         if (last_done_.query()) return;
+        peer_health::answer();  // MPI ranks asking who still answers (peer_health.h)
         if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
           abort();
           throw comm_error(timeout_message() + "; the communicator was aborted");

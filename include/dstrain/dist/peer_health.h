@@ -1,0 +1,44 @@
+// Which rank stopped answering? When a wait between ranks times out, the members of the group
+// that are alive are waiting too (in this collective or another) or computing; a stopped, hung or
+// dead one answers nothing. Every wait of the MPI and NCCL backends answers pings on a
+// communicator of its own (a duplicate of the world), saying what it waits for; the rank whose
+// wait timed out pings the group's members and names first those that stay silent, then what the
+// others said. MPI calls from the main thread only, as everywhere.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dstrain::peer_health {
+
+// Collective over MPI_COMM_WORLD, once, after MPI_Init: the ping communicator and every rank's
+// host name. Without it the functions below do nothing and name nobody.
+void start();
+// Frees the communicator (before MPI_Finalize).
+void stop();
+
+// While it lives, pings are answered with `what()` (the operation this rank waits for).
+class Waiting {
+ public:
+  explicit Waiting(const std::function<std::string()>& what);
+  ~Waiting();
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  const std::function<std::string()>* previous_;
+};
+
+// Replies to the pings that have arrived: from every poll of a wait loop. Cheap (one probe).
+void answer();
+
+// Pings every other rank of the world (the silent one is often outside the group that timed out:
+// its neighbours wait for it, and the group for them) and waits up to `grace_s` for the replies,
+// answering others meanwhile. Returns "world rank 3 (host node2) did not answer within 2 s:
+// stopped, hung outside communication, or dead; world rank 1 (host node1) was waiting in ...",
+// with what the members of `group` (world ranks, at most 8 of them) said, or "" when every rank
+// answered.
+std::string silent_ranks(const std::vector<int>& group, double grace_s);
+
+}  // namespace dstrain::peer_health

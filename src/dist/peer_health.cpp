@@ -1,0 +1,141 @@
+#include "dstrain/dist/peer_health.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "dstrain/dist/mpi_check.h"
+
+namespace dstrain::peer_health {
+namespace {
+
+constexpr int kPing = 1, kReply = 2;
+
+struct State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  std::vector<std::string> hosts;  // by world rank
+  const std::function<std::string()>* waiting_for = nullptr;
+  // Replies under way: their buffers live until MPI has sent them.
+  std::deque<std::pair<MPI_Request, std::string>> replies;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+std::string this_host() {
+  char host[256] = "unknown";
+  if (gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+void forget_sent_replies() {
+  State& s = state();
+  while (!s.replies.empty()) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&s.replies.front().first, &done, MPI_STATUS_IGNORE));
+    if (!done) return;
+    s.replies.pop_front();
+  }
+}
+
+std::string host_of(int world_rank) {
+  const State& s = state();
+  return world_rank < static_cast<int>(s.hosts.size()) ? s.hosts[static_cast<size_t>(world_rank)] : "?";
+}
+
+}  // namespace
+
+void start() {
+  State& s = state();
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &s.comm));
+  MPI_CHECK(MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN));
+  int size = 1;
+  MPI_CHECK(MPI_Comm_rank(s.comm, &s.rank));
+  MPI_CHECK(MPI_Comm_size(s.comm, &size));
+  // Every rank's host name, so that a silent rank can be named with its host.
+  char mine[64] = {0};
+  this_host().copy(mine, sizeof mine - 1);
+  std::vector<char> all(sizeof mine * static_cast<size_t>(size));
+  MPI_CHECK(MPI_Allgather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, s.comm));
+  for (int r = 0; r < size; ++r) s.hosts.emplace_back(all.data() + r * sizeof mine);
+}
+
+void stop() {
+  State& s = state();
+  if (s.comm == MPI_COMM_NULL) return;
+  for (auto& reply : s.replies) MPI_Request_free(&reply.first);  // statuses ignored: at exit
+  s.replies.clear();
+  MPI_Comm_free(&s.comm);
+}
+
+Waiting::Waiting(const std::function<std::string()>& what) : previous_(state().waiting_for) {
+  state().waiting_for = &what;
+}
+
+Waiting::~Waiting() { state().waiting_for = previous_; }
+
+void answer() {
+  State& s = state();
+  if (s.comm == MPI_COMM_NULL) return;
+  forget_sent_replies();
+  for (;;) {
+    int arrived = 0;
+    MPI_Status status;
+    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kPing, s.comm, &arrived, &status));
+    if (!arrived) return;
+    MPI_CHECK(MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kPing, s.comm, MPI_STATUS_IGNORE));
+    s.replies.emplace_back(MPI_REQUEST_NULL, s.waiting_for ? "waiting in " + (*s.waiting_for)() : "computing");
+    auto& [request, text] = s.replies.back();
+    MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, status.MPI_SOURCE, kReply, s.comm,
+                        &request));
+  }
+}
+
+std::string silent_ranks(const std::vector<int>& group, double grace_s) {
+  State& s = state();
+  if (s.comm == MPI_COMM_NULL) return "";
+  const int world = static_cast<int>(s.hosts.size());
+  std::vector<MPI_Request> pings;
+  std::map<int, std::string> said;  // by world rank: what the rank replied
+  for (int other = 0; other < world; ++other) {
+    if (other == s.rank) continue;
+    pings.emplace_back();
+    MPI_CHECK(MPI_Isend(nullptr, 0, MPI_BYTE, other, kPing, s.comm, &pings.back()));
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  while (said.size() < pings.size() && std::chrono::steady_clock::now() < until) {
+    answer();  // others whose waits timed out ask this rank too
+    int arrived = 0;
+    MPI_Status status;
+    MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kReply, s.comm, &arrived, &status));
+    if (!arrived) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    int length = 0;
+    MPI_CHECK(MPI_Get_count(&status, MPI_CHAR, &length));
+    std::string text(static_cast<size_t>(length), '\0');
+    MPI_CHECK(MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, kReply, s.comm, MPI_STATUS_IGNORE));
+    said[status.MPI_SOURCE] = text;
+  }
+  for (MPI_Request& ping : pings) MPI_Request_free(&ping);  // a silent rank never takes its ping
+  auto who = [](int rank) { return "world rank " + std::to_string(rank) + " (host " + host_of(rank) + ")"; };
+  std::string silent, others;
+  for (int other = 0; other < world; ++other)
+    if (other != s.rank && !said.count(other)) silent += (silent.empty() ? "" : ", ") + who(other);
+  int listed = 0;
+  for (int member : group)
+    if (said.count(member) && listed++ < 8) others += "; " + who(member) + " was " + said[member];
+  if (silent.empty()) return "";
+  return silent + " did not answer within " + std::to_string(static_cast<int>(grace_s)) +
+         " s: stopped, hung outside communication, or dead" + others;
+}
+
+}  // namespace dstrain::peer_health
