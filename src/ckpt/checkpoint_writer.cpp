@@ -341,6 +341,16 @@ void abandon_file(h5::Handle& file, const std::string& path) {
   std::remove(path.c_str());
 }
 
+// HDF5's own message for a write that found its file system full says only that a write or flush
+// failed: the file system's free space says why.
+Error with_space_left(const Error& error, const std::string& path) {
+  const std::string dir = files::parent(path).empty() ? "." : files::parent(path);
+  const int64_t free_bytes = files::available_bytes(dir);
+  if (free_bytes < 0 || free_bytes >= (int64_t{1} << 20)) return error;
+  return Error(error.code(), std::string(error.what()) + " (No space left on device: " + std::to_string(free_bytes) +
+                                 " bytes free on the file system of " + dir + ")");
+}
+
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, const std::vector<std::string>& names,
@@ -379,6 +389,9 @@ void write_checkpoint_file(const std::string& path, const std::vector<std::strin
     // Closing writes the last metadata, which may not fit either.
     if (H5Fclose(file.get()) < 0) throw Error(kCode, tmp + ": closing: " + h5::last_error_message());
     file.release();
+  } catch (const Error& error) {
+    abandon_file(file, tmp);
+    throw with_space_left(error, tmp);
   } catch (...) {
     abandon_file(file, tmp);
     throw;

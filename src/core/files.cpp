@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +30,12 @@ std::vector<std::string> directory_entries(const std::string& dir) {
     ::closedir(d);
   }
   return names;
+}
+
+int64_t available_bytes(const std::string& path) {
+  struct statvfs info;
+  if (::statvfs(path.c_str(), &info) != 0) return -1;
+  return static_cast<int64_t>(info.f_bavail) * static_cast<int64_t>(info.f_frsize);
 }
 
 bool exists(const std::string& path) {

@@ -61,3 +61,23 @@ TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
   expect_clean_failure(run, "final_model.h5.tmp");
   EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
 }
+
+// import-hf onto a full disk: its error, exit code 4, no partial output (it used to print its
+// error and then crash in HDF5's clean-up at exit).
+TEST(FullDisk, AnImportThatDoesNotFitEndsCleanly) {
+  const std::string dir = scratch_dir("full-disk-import");
+  const RunOutput trained = train_tiny(0, dir + "/run", {"--ckpt.save_final", "true", "--train.steps", "2"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const RunOutput exported =
+      run_dstrain(0, {"ckpt", "export-hf", dir + "/run/final_model.h5", "--output", dir + "/hf"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  std::string why;
+  ASSERT_TRUE(dstrain::files::make_directories(dir + "/full", &why)) << why;
+  TinyFileSystem disk(dir + "/full", 80);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  const RunOutput run = run_dstrain(0, {"ckpt", "import-hf", dir + "/hf", "--output", dir + "/full/imported.h5"});
+  expect_clean_failure(run, "imported.h5");
+  EXPECT_NE(run.output.find("No space left on device"), std::string::npos) << run.output;
+  for (const std::string& name : dstrain::files::directory_entries(dir + "/full"))
+    EXPECT_TRUE(name == "." || name == "..") << "a partial file stayed: " << name;
+}

@@ -13,6 +13,8 @@ namespace dstrain::files {
 bool is_regular_file(const std::string& path);
 bool is_directory(const std::string& path);
 bool exists(const std::string& path);
+// Bytes an unprivileged writer may still write on the file system holding `path` (-1: unknown).
+int64_t available_bytes(const std::string& path);
 // Both name one existing file (through links or other spellings of the path).
 bool same_file(const std::string& a, const std::string& b);
 // The names in a directory ("." and ".." included); empty when it cannot be read.
