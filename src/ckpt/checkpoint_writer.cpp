@@ -342,13 +342,13 @@ void abandon_file(h5::Handle& file, const std::string& path) {
 }
 
 // HDF5's own message for a write that found its file system full says only that a write or flush
-// failed: the file system's free space says why.
+// failed: the file system's free space (before the partial file goes) says why.
 Error with_space_left(const Error& error, const std::string& path) {
   const std::string dir = files::parent(path).empty() ? "." : files::parent(path);
   const int64_t free_bytes = files::available_bytes(dir);
   if (free_bytes < 0 || free_bytes >= (int64_t{1} << 20)) return error;
-  return Error(error.code(), std::string(error.what()) + " (No space left on device: " + std::to_string(free_bytes) +
-                                 " bytes free on the file system of " + dir + ")");
+  return Error(error.code(), std::string(error.what()) + " (No space left on device: the file system of " + dir +
+                                 " had " + std::to_string(free_bytes) + " bytes left)");
 }
 
 }  // namespace
@@ -390,8 +390,9 @@ void write_checkpoint_file(const std::string& path, const std::vector<std::strin
     if (H5Fclose(file.get()) < 0) throw Error(kCode, tmp + ": closing: " + h5::last_error_message());
     file.release();
   } catch (const Error& error) {
+    const Error explained = with_space_left(error, tmp);
     abandon_file(file, tmp);
-    throw with_space_left(error, tmp);
+    throw explained;
   } catch (...) {
     abandon_file(file, tmp);
     throw;
