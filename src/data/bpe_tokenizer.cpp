@@ -1,3 +1,4 @@
+#include "dstrain/core/json_error.h"
 #include "dstrain/data/bpe_tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -146,7 +147,7 @@ json parse_json(const std::string& json_text, const std::string& where) {
   try {
     return json::parse(json_text);
   } catch (const json::exception& e) {
-    throw Error(ExitCode::kUsage, where + ": not valid JSON (" + std::string(e.what()) + ")");
+    throw Error(ExitCode::kUsage, where + ": not valid JSON " + describe_json_error(e));
   }
 }
 
@@ -363,7 +364,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
                        &after_byte_level);
     index_added_tokens(std::move(added), &t->added_by_first_byte_, &t->added_first_bytes_);
   } catch (const json::exception& e) {
-    throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape (" + std::string(e.what()) + ")");
+    throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape: " + describe_json_error(e));
   }
 
   t->bos_id_ = beginning_token_id(*t, root.value("post_processor", json()), where);

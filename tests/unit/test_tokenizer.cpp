@@ -239,6 +239,24 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
   SCOPED_TRACE("case 9");
   expect_error([&] { BpeTokenizer::from_json("{\"model\": ", "broken.json"); }, ExitCode::kUsage,
                {"broken.json", "not valid JSON"});
+  SCOPED_TRACE("case 9b");  // the library's text in our words: no "[json.exception...]"
+  bad = good;
+  bad["model"]["merges"] = json::array({json::array({1, 2})});
+  try {
+    load(bad);
+    ADD_FAILURE() << "merges of numbers were accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+    EXPECT_NE(message.find("a number where a string was expected"), std::string::npos) << message;
+  }
+  try {
+    BpeTokenizer::from_json("{\"model\": ", "broken.json");
+    ADD_FAILURE() << "broken JSON was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at byte 11: unexpected end of input"), std::string::npos) << e.what();
+  }
   SCOPED_TRACE("case 10");
   expect_error([&] { BpeTokenizer::from_file("/nonexistent/tokenizer.json"); }, ExitCode::kUsage,
                {"--tokenizer", "/nonexistent/tokenizer.json"});
