@@ -1,6 +1,8 @@
 // Checkpoints and restarts with real processes: ranks killed with SIGKILL, a signal as Slurm sends
 // it, damaged files, other layouts.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -384,4 +386,55 @@ TEST(Checkpoint, Bf16RunsResumeFromTheirMasterWeights) {
   H5Dclose(d);
   H5Fclose(f);
   EXPECT_TRUE(torch::equal(as_float, param.to(torch::kFloat32)));
+}
+
+// SIGTERM to mpirun itself (`kill` of the launcher, a scheduler without Slurm): Open MPI passes it
+// on to the ranks only after odls_base_sigkill_timeout and kills them as long after that, 1 s by
+// default, too little for a step of this 25M-parameter model (about 3 s here) and its checkpoint
+// (without the setting the ranks are killed before they write it). With the setting
+// the README gives, the ranks finish their step, write the checkpoint and stop.
+TEST(Checkpoint, SigtermToMpirunLeavesACheckpointWithOpenMpisKillTimeout) {
+  const std::string dir = scratch_dir("ckpt-sigterm-mpirun");
+  const std::vector<std::string> args = {
+      std::string(MPIEXEC), "-np", "2", "--oversubscribe", "-x", "OMPI_MCA_odls_base_sigkill_timeout", DSTRAIN_EXE,
+      "train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini", "--run.dir", dir, "--data.train",
+      test_corpus().train, "--train.device", "cpu", "--model.hidden_size", "512", "--model.num_layers", "8",
+      "--model.num_heads", "8", "--model.intermediate_size", "1408", "--model.max_seq_len", "256",
+      "--train.seq_len", "256", "--train.micro_batch", "8", "--train.global_batch", "16", "--train.steps", "1000",
+      "--log.interval", "1", "--train.eval_interval", "0"};
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  setenv("OMPI_MCA_odls_base_sigkill_timeout", "10", 1);
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string log = dir + "/launcher.log";
+    freopen(log.c_str(), "w", stdout);
+    dup2(fileno(stdout), STDERR_FILENO);
+    std::vector<char*> argv;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
+  // Once the run has logged its second step, the launcher is told to stop.
+  auto logged_steps = [&] {
+    std::ifstream metrics(dir + "/metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(metrics, line)) ++lines;
+    return lines;
+  };
+  for (int waited = 0; waited < 600 && logged_steps() < 2; ++waited) usleep(100 * 1000);
+  ASSERT_GE(logged_steps(), 2) << read_text(dir + "/launcher.log");
+  ASSERT_EQ(kill(launcher, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  const std::string output = read_text(dir + "/launcher.log");
+  EXPECT_NE(output.find("stopped by SIGTERM after step"), std::string::npos) << output;
+  const std::string latest = latest_of(dir);
+  ASSERT_FALSE(latest.empty()) << output;
+  dstrain::CheckpointReader reader(dir + "/checkpoints/" + latest);
+  EXPECT_GE(reader.state().step, 2u);
 }
