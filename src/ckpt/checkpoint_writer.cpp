@@ -1,3 +1,4 @@
+#include "dstrain/dist/deadline.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
 
 #include <fcntl.h>
@@ -109,8 +110,9 @@ std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& p
   return remove;
 }
 
-CheckpointWriter::CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel)
-    : dir_(std::move(dir)), retention_(retention), parallel_(parallel) {}
+CheckpointWriter::CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel,
+                                   double timeout_s)
+    : dir_(std::move(dir)), retention_(retention), parallel_(parallel), timeout_s_(timeout_s) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -174,6 +176,10 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const
     throw config_error("ckpt.dir", dir_, "cannot create this directory (" + why + ")");
   parallel_.world->barrier();
   {
+    const Deadline deadline("checkpoint of step " + std::to_string(step) + ": the collective creation of " +
+                                job_.tmp_path,
+                            timeout_s_, "a rank's write failed there (a full file system?) or a rank stopped",
+                            kCode);
     std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
     h5::quiet_errors();
     h5::Handle fapl(h5::check_id(H5Pcreate(H5P_FILE_ACCESS), kCode, "H5Pcreate"), H5Pclose);

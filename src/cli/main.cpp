@@ -30,7 +30,7 @@
 #include "dstrain/train/signals.h"
 #include "dstrain/train/system_report.h"
 #include "dstrain/core/blas.h"
-#include "dstrain/dist/startup_deadline.h"
+#include "dstrain/dist/deadline.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;

@@ -12,7 +12,7 @@
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/nccl_communicator.h"
 #include "dstrain/dist/peer_health.h"
-#include "dstrain/dist/startup_deadline.h"
+#include "dstrain/dist/deadline.h"
 
 namespace dstrain {
 
@@ -20,7 +20,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
     : uncaught_at_start_(std::uncaught_exceptions()) {
   int provided = 0;
   {
-    StartupDeadline deadline("MPI start-up (MPI_Init waits for every rank)", startup_timeout_s);
+    Deadline deadline("MPI start-up (MPI_Init waits for every rank)", startup_timeout_s, Deadline::kStartup,
+                      ExitCode::kCommunication);
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   }
   if (provided < MPI_THREAD_FUNNELED)
@@ -28,7 +29,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-  StartupDeadline deadline("MPI start-up (the ranks' host names)", startup_timeout_s);
+  Deadline deadline("MPI start-up (the ranks' host names)", startup_timeout_s, Deadline::kStartup,
+                    ExitCode::kCommunication);
   peer_health::start();
 }
 

@@ -4,7 +4,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/startup_deadline.h"
+#include "dstrain/dist/deadline.h"
 #include "dstrain/model/cuda_kernels.h"
 
 namespace dstrain {
@@ -15,10 +15,12 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &job.world_rank));
   {
-    StartupDeadline deadline("the ranks' agreement on the configuration", startup_timeout_s);
+    Deadline deadline("the ranks' agreement on the configuration", startup_timeout_s, Deadline::kStartup,
+                      ExitCode::kCommunication);
     agreed_phase(job.world_rank, [&] { job.config = read_config(job.world_size, job.world_rank); });  // this rank alone
   }
-  StartupDeadline deadline("the set-up of devices and communicators", job.config.comm.timeout_s);
+  Deadline deadline("the set-up of devices and communicators", job.config.comm.timeout_s, Deadline::kStartup,
+                    ExitCode::kCommunication);
   torch::set_num_threads(job.config.loop.threads);
   blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
   enable_cuda_kernels(job.config.loop.cuda_kernels);

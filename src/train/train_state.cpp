@@ -74,7 +74,8 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
 TrainState::TrainState(TrainStateParts parts, ParallelContext& parallel)
     : parts_(std::move(parts)), parallel_(parallel), corpus_fingerprint_(parts_.train_data->fingerprint()) {
   const CkptConfig& c = parts_.config->ckpt;
-  checkpoints_ = std::make_unique<CheckpointWriter>(c.dir, RetentionPolicy{c.keep_last, c.keep_every}, parallel);
+  checkpoints_ = std::make_unique<CheckpointWriter>(c.dir, RetentionPolicy{c.keep_last, c.keep_every}, parallel,
+                                                    parts_.config->comm.timeout_s);
 }
 
 void TrainState::restore(const std::string& resume, const std::string& weights) {

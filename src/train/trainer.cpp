@@ -14,7 +14,7 @@
 #include "dstrain/data/loader.h"
 #include "dstrain/data/mixture.h"
 #include "dstrain/dist/agreed_phase.h"
-#include "dstrain/dist/startup_deadline.h"
+#include "dstrain/dist/deadline.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
 #include "dstrain/optim/moe_balancing.h"

@@ -45,7 +45,9 @@ struct DatasetPiece {
 
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel);
+  // `timeout_s` bounds the collective creation of each file (comm.timeout_s): a rank whose write
+  // failed there (a full disk) must not leave the others waiting inside HDF5 for ever.
+  CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel, double timeout_s = 600);
   ~CheckpointWriter();  // a save still being written is abandoned: NAME.tmp stays, `latest` unchanged
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -84,6 +86,7 @@ class CheckpointWriter {
   std::string dir_;
   RetentionPolicy retention_;
   const ParallelContext& parallel_;
+  double timeout_s_;
   bool in_flight_ = false;
   Job job_;
   std::atomic<bool> written_{false};

@@ -14,7 +14,7 @@ namespace dstrain {
 // Left by an exception, it does not finalize: whoever catches the error reports it first and then
 // calls finalize_mpi, so that a failure in MPI's or HDF5's clean-up cannot swallow the message.
 // MPI_Init waits for every rank: one that does not come within `startup_timeout_s` ends the job
-// (StartupDeadline).
+// (Deadline).
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv, double startup_timeout_s = 600);

@@ -24,7 +24,7 @@ struct Job {
 // `read_config` runs on every rank and may fail on any (a file only some ranks see); then the
 // rank's torch threads and kernels are set, its device chosen, and the communicators built from
 // parallel.order, dp and pp. Throws Error: the lowest failing rank's, or an empty one on the
-// ranks that failed only because another did. Every phase is bounded (StartupDeadline): the
+// ranks that failed only because another did. Every phase is bounded (Deadline): the
 // agreement on the configuration by `startup_timeout_s`, the rest by comm.timeout_s.
 Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& read_config,
               double startup_timeout_s = 600);

@@ -1,4 +1,4 @@
-#include "dstrain/dist/startup_deadline.h"
+#include "dstrain/dist/deadline.h"
 
 #include <unistd.h>
 
@@ -6,14 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "dstrain/core/error.h"
 
 namespace dstrain {
 
-StartupDeadline::StartupDeadline(std::string what, double timeout_s)
-    : what_(std::move(what)), timeout_s_(timeout_s), thread_([this] { watch(); }) {}
+Deadline::Deadline(std::string what, double timeout_s, std::string why, ExitCode code)
+    : what_(std::move(what)), why_(std::move(why)), timeout_s_(timeout_s), code_(code), thread_([this] { watch(); }) {}
 
-StartupDeadline::~StartupDeadline() {
+Deadline::~Deadline() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = true;
@@ -22,7 +21,7 @@ StartupDeadline::~StartupDeadline() {
   thread_.join();
 }
 
-void StartupDeadline::watch() {
+void Deadline::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto limit = std::chrono::duration<double>(timeout_s_);
   if (over_.wait_for(lock, limit, [this] { return finished_; })) return;
@@ -32,12 +31,10 @@ void StartupDeadline::watch() {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (!rank) rank = std::getenv("PMI_RANK");
   if (!rank) rank = std::getenv("SLURM_PROCID");
-  std::fprintf(stderr,
-               "error: %s did not finish within comm.timeout_s = %g s (rank %s on %s): another rank has not "
-               "started, has stopped (SIGSTOP, a debugger) or died; the job ends (exit code %d)\n",
-               what_.c_str(), timeout_s_, rank ? rank : "?", host, static_cast<int>(ExitCode::kCommunication));
+  std::fprintf(stderr, "error: %s did not finish within comm.timeout_s = %g s (rank %s on %s): %s; the job ends (exit code %d)\n",
+               what_.c_str(), timeout_s_, rank ? rank : "?", host, why_.c_str(), static_cast<int>(code_));
   std::fflush(stderr);
-  std::_Exit(static_cast<int>(ExitCode::kCommunication));
+  std::_Exit(static_cast<int>(code_));
 }
 
 double startup_timeout_s(const std::string& comm_timeout) {
