@@ -32,7 +32,11 @@ RunOutput run_dstrain(int ranks, const std::vector<std::string>& args) {
   if (ranks > 0) command = std::string(MPIEXEC) + " -np " + std::to_string(ranks) + " --oversubscribe ";
   command += DSTRAIN_EXE;
   for (const std::string& arg : args) command += " " + quote(arg);
-  command += " 2>&1";
+  return run_shell(command);
+}
+
+RunOutput run_shell(const std::string& command_line) {
+  const std::string command = command_line + " 2>&1";
   RunOutput result;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return result;

@@ -46,15 +46,7 @@ std::string shortened(std::string command, const std::string& dstrain, const std
 // DSTRAIN: the demo runs this build's executable and builds nothing (a test must not rebuild the
 // tree under the other tests' feet).
 RunOutput run_in_source_dir(const std::string& command, const std::string& dstrain) {
-  const std::string shell = "cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && DSTRAIN='" + dstrain + "' " + command + " 2>&1";
-  RunOutput result;
-  FILE* pipe = popen(shell.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_shell("cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && DSTRAIN='" + dstrain + "' " + command);
 }
 
 }  // namespace

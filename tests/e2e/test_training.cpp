@@ -236,19 +236,14 @@ TEST(Training, ARankStoppedAtStartUpEndsTheJobWithinTheTimeout) {
                         " -np 2 --oversubscribe bash -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then kill -STOP $$; fi; "
                         "exec \"$0\" \"$@\"' " + DSTRAIN_EXE + " train --config " + DSTRAIN_SOURCE_DIR +
                         "/input/tiny.ini --run.dir " + dir + " --data.train " + test_corpus().train +
-                        " --train.device cpu --comm.timeout_s 3 2>&1";
+                        " --train.device cpu --comm.timeout_s 3";
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
+  const RunOutput run = run_shell(command);
+  const std::string& output = run.output;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 5) << output;  // (124 would be timeout(1)'s: a hang)
+  EXPECT_EQ(run.exit_code, 5) << output;  // (124 would be timeout(1)'s: a hang)
   EXPECT_LT(seconds, 60.0) << output;
   EXPECT_NE(output.find("MPI start-up (MPI_Init waits for every rank) did not finish within comm.timeout_s = 3 s "
                         "(rank 0"),
