@@ -22,7 +22,7 @@ submit_and_wait() {
   while [[ $1 != -- ]]; do sbatch_args+=("$1"); shift; done
   shift
   job=$(sbatch --parsable --output="$dir/%j.out" "${sbatch_args[@]}" jobs/cpu_smoke.sh "$@") || fail "sbatch refused the job"
-  for _ in $(seq 1 800); do  # time_limit requeues its job every 10 to 40 s, several times
+  for _ in $(seq 1 400); do
     [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break
     sleep 1
   done
@@ -46,11 +46,11 @@ case $test in
   node_failure)
     # The uninterrupted run, the same layout under mpirun.
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe "$DSTRAIN" train \
-      --config input/tiny.ini --run.dir "$dir/reference" --train.device cpu --parallel.pp 2 --ckpt.interval 5 \
-      --train.steps 400 --log.interval 50 "${data[@]}" >"$dir/reference.log" 2>&1 || fail "the reference run failed"
+      --config input/tiny.ini --run.dir "$dir/reference" --train.device cpu --parallel.pp 2 --ckpt.interval 50 \
+      --train.steps 1500 --log.interval 250 "${data[@]}" >"$dir/reference.log" 2>&1 || fail "the reference run failed"
     # The job; once it has a checkpoint, one of its task processes is killed with SIGKILL.
     job=$(RUN_DIR=$dir/run sbatch --parsable --output="$dir/%j.out" jobs/cpu_smoke.sh "${data[@]}" \
-          --train.steps 400 --log.interval 50) || fail "sbatch refused the job"
+          --train.steps 1500 --log.interval 250 --ckpt.interval 50) || fail "sbatch refused the job"
     for _ in $(seq 1 300); do [[ -f $dir/run/checkpoints/latest ]] && break; sleep 0.2; done
     victim=$(pgrep -f "dstrain train .*--run.dir $dir/run" | tail -n 1)
     [[ -n $victim ]] || fail "no task process of job $job to kill"
@@ -63,17 +63,28 @@ case $test in
     [[ $(digest "$dir/run") == $(digest "$dir/reference") ]] || fail "final parameters differ from the uninterrupted run"
     ;;
   time_limit)
-    # One minute per run, the warning 50 s before its end: checkpoint, requeue, finish. slurmctld
-    # looks at time limits every 30 s, so the warning comes 10 to 40 s into a run: the steps are
-    # enough for more than a minute of training (about 60 s on 2 cores), which no run can finish
-    # before it is warned.
-    job=$(DSTRAIN_SIGNAL_LEAD=50 RUN_DIR=$dir/run submit_and_wait --time=1 --signal=B:USR1@50 -- "${data[@]}" \
-          --train.steps 3500 --log.interval 500 --ckpt.interval 250 --train.eval_interval 0)
+    # One minute per run, the warning 50 s before its end: checkpoint, requeue, resume, finish.
+    # slurmctld looks at time limits every 30 s, so the warning comes 10 to 40 s into a run. The
+    # steps are set from the speed of a short job measured first to about 60 s of training, which
+    # no run can finish before it is warned, on a slow machine or a fast one. Once the job has
+    # requeued itself, its limit is raised, so the second run finishes instead of being warned again.
+    RUN_DIR=$dir/speed submit_and_wait -- "${data[@]}" --train.steps 1000 --ckpt.interval 1000 \
+      --train.eval_interval 0 >/dev/null
+    steps=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))
+print(max(1000, round(s["tokens_per_s"] * 60 / (s["tokens"] / s["steps"]) / 100) * 100))' "$dir/speed/summary.json") ||
+      fail "the speed measurement has no summary"
+    echo "training $steps steps, about 60 s here"
+    job=$(DSTRAIN_SIGNAL_LEAD=50 RUN_DIR=$dir/run sbatch --parsable --output="$dir/%j.out" --time=1 --signal=B:USR1@50 \
+          jobs/cpu_smoke.sh "${data[@]}" --train.steps "$steps" --log.interval $((steps / 7)) \
+          --ckpt.interval $((steps / 14)) --train.eval_interval 0) || fail "sbatch refused the job"
+    for _ in $(seq 1 120); do grep -qs "requeueing" "$dir/$job.out" && break; sleep 1; done
+    scontrol update JobId="$job" TimeLimit=10 || fail "could not raise the time limit of job $job"
+    for _ in $(seq 1 400); do [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break; sleep 1; done
     [[ $(job_field "$job" JobState) == COMPLETED ]] || fail "job $job ended $(job_field "$job" JobState)"
     grep -q "stopped by SIGUSR1 after step" "$dir/$job.out" || fail "no checkpoint on the time-limit signal"
     grep -q "checkpointed on a signal; requeueing" "$dir/$job.out" || fail "not requeued after the signal"
     [[ $(job_field "$job" Restarts) -ge 1 ]] || fail "job $job was not requeued"
-    [[ $(cat "$dir/run/checkpoints/latest") == step_00003500.h5 ]] || fail "the run did not finish all 3500 steps"
+    [[ $(cat "$dir/run/checkpoints/latest") == $(printf 'step_%08d.h5' "$steps") ]] || fail "the run did not finish all $steps steps"
     ;;
   interactive)
     # debug_interactive.sh inside an allocation: srun with every rank's log, labelled.
