@@ -62,6 +62,35 @@ TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
   EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
 }
 
+// The same with several ranks, where every rank writes its share of one file through MPI-IO and
+// a rank whose write fails must not leave the others waiting: the error, exit code 4 within the
+// communication timeout, and no partial file, for data and pipeline parallelism, ZeRO-1 and the
+// final model.
+class FullDiskRanks : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(FullDiskRanks, AWriteThatDoesNotFitEndsEveryRankCleanly) {
+  const std::string dir = scratch_dir("full-disk-ranks");
+  TinyFileSystem disk(dir, 80);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  std::vector<std::string> args = {"--train.steps", "6", "--comm.timeout_s", "20"};
+  args.insert(args.end(), GetParam().begin(), GetParam().end());
+  const bool final_model = GetParam().back() == "--ckpt.save_final";
+  if (final_model) args.push_back("true");
+  const RunOutput run = train_tiny(2, dir + "/run", args);
+  expect_clean_failure(run, final_model ? "final_model.h5.tmp" : "step_00000002.h5.tmp");
+  EXPECT_NE(run.output.find("No space left on device"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("did not finish within"), std::string::npos) << "a rank waited for the one that failed:\n" << run.output;
+  for (const std::string& name : dstrain::files::directory_entries(dir + "/run/checkpoints"))
+    EXPECT_TRUE(name == "." || name == "..") << "a partial file stayed: " << name;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FullDiskRanks,
+                         ::testing::Values(std::vector<std::string>{"--ckpt.interval", "2"},
+                                           std::vector<std::string>{"--ckpt.interval", "2", "--parallel.pp", "2"},
+                                           std::vector<std::string>{"--ckpt.interval", "2", "--optim.zero", "1"},
+                                           std::vector<std::string>{"--ckpt.interval", "0", "--ckpt.save_final"}));
+
 // import-hf onto a full disk: its error, exit code 4, no partial output (it used to print its
 // error and then crash in HDF5's clean-up at exit).
 TEST(FullDisk, AnImportThatDoesNotFitEndsCleanly) {
