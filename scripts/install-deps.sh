@@ -14,6 +14,7 @@ packages=(
   libboost-program-options-dev      # INI + command-line configuration
   nlohmann-json3-dev                # JSONL corpora and metrics
   libpcre2-dev                      # Unicode regular expressions of BPE tokenizers (tokenizer.json)
+  libicu-dev                        # their Unicode tables (newer than PCRE2's) and NFC normalization
   libgtest-dev                      # unit tests
   base-files                        # /usr/share/common-licenses: the demo corpus text
   python3                           # tests/tools/read_tfevents.py, an independent reader of TensorBoard files

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "dstrain/core/error.h"
+#include "dstrain/data/unicode_properties.h"
 #include "gpt2_scanner.h"
 
 namespace dstrain {
@@ -47,7 +48,13 @@ ThreadMatchState& thread_state() {
 
 }  // namespace
 
-std::string rewrite_whitespace_classes(const std::string& pattern) {
+std::string engine_unicode_version() {
+  char version[24] = "";
+  if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, version) < 0) return "";
+  return version;
+}
+
+std::string rewrite_unicode_classes(const std::string& pattern, const std::string& engine_version) {
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -62,6 +69,13 @@ std::string rewrite_whitespace_classes(const std::string& pattern) {
           throw Error(ExitCode::kUsage, "regular expression '" + pattern +
                                             "': \\S inside a character class is not supported");
         out += "[^" + std::string(kWhiteSpace) + "]";
+      } else if ((next == 'p' || next == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{' &&
+                 pattern.find('}', i) != std::string::npos) {
+        const size_t close = pattern.find('}', i);
+        const std::string name = pattern.substr(i + 2, close - i - 2);
+        const std::optional<std::string> by_icu = pcre2_property_class(name, next == 'P', in_class, engine_version);
+        out += by_icu ? *by_icu : pattern.substr(i - 1, close - i + 2);
+        i = close;
       } else {
         out += c;
         out += next;
@@ -100,7 +114,7 @@ std::string regex_escape(const std::string& text) {
 
 RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std::string& where) {
   // A literal is escaped rather than compiled with PCRE2_LITERAL, which PCRE2 refuses with UCP.
-  const std::string source = literal ? regex_escape(pattern) : rewrite_whitespace_classes(pattern);
+  const std::string source = literal ? regex_escape(pattern) : rewrite_unicode_classes(pattern, engine_unicode_version());
   // UTF + UCP: \p{..}, \d, \w and case folding by Unicode properties. MULTILINE: ^ and $ at line
   // ends, as in Oniguruma's Ruby syntax that Hugging Face's tokenizers compile patterns with.
   uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_MULTILINE;

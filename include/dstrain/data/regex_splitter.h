@@ -5,9 +5,10 @@
 //
 // The patterns of tokenizer.json files are written for Oniguruma (Hugging Face) and Rust's
 // fancy-regex (tiktoken), where \s is Unicode White_Space. PCRE2's \s lacks U+0085, so \s and \S
-// are rewritten to the explicit White_Space set before compiling. Bytes that are not valid UTF-8
-// never match (PCRE2_MATCH_INVALID_UTF) and so end up in the pieces between matches: any byte
-// string splits, and the pieces always concatenate back to the text. GPT-2's pattern is matched
+// are rewritten to the explicit White_Space set before compiling, and property classes get the
+// characters PCRE2's tables are too old to know from ICU's (unicode_properties.h). Bytes that
+// are not valid UTF-8 never match (PCRE2_MATCH_INVALID_UTF) and so end up in the pieces between
+// matches: any byte string splits, and the pieces always concatenate back to the text. GPT-2's pattern is matched
 // by hand where the text is ASCII (gpt2_scanner.h), by PCRE2 elsewhere.
 #pragma once
 
@@ -41,8 +42,12 @@ class RegexSplitter {
   bool ascii_gpt2_ = false;  // GPT-2's pattern: ASCII stretches matched by gpt2_scanner.h
 };
 
-// `\s`/`\S` → the White_Space set, outside and inside character classes (exposed for tests).
-std::string rewrite_whitespace_classes(const std::string& pattern);
+// The pattern PCRE2 compiles: `\s`/`\S` → the White_Space set, and `\p{..}`/`\P{..}` → the class
+// ICU's tables give where the engine's (of Unicode `engine_version`) are older, outside and
+// inside character classes (exposed for tests).
+std::string rewrite_unicode_classes(const std::string& pattern, const std::string& engine_version);
+// The Unicode version of PCRE2's tables ("14.0.0").
+std::string engine_unicode_version();
 
 // GPT-2's pre-tokenizer pattern (also tiktoken's r50k/p50k and Hugging Face's ByteLevel with
 // use_regex = true).
