@@ -103,7 +103,8 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
     if (node.value("add_prefix_space", false))
       throw field_error(where, field + ".add_prefix_space",
                         "true is not supported (it would make decode(encode(x)) differ from x); expected false");
-    if (node.value("use_regex", true)) add(std::make_unique<RegexSplitter>(kGpt2PatternFast, false, where + ": " + field), false);
+    if (node.value("use_regex", true))
+      add(std::make_unique<RegexSplitter>(kGpt2PatternFast, false, where + ": " + field), SplitKeeps::kMatchesAndGaps);
   } else if (type == "Split") {
     if (*after_byte_level)
       throw field_error(where, field, "a Split after ByteLevel is not supported (it would see byte-level characters); "
@@ -112,14 +113,18 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
     bool literal = pattern.contains("String");
     if (!pattern.is_object() || !(literal || pattern.contains("Regex")))
       throw field_error(where, field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-    if (node.value("invert", false)) throw field_error(where, field + ".invert", "true is not supported");
     const std::string behavior = node.value("behavior", std::string("Isolated"));
     if (behavior != "Isolated" && behavior != "Removed")
       throw field_error(where, field + ".behavior",
                         "'" + behavior + "' is not supported; expected Isolated or Removed");
+    // `invert` swaps what counts as the delimiter: it changes nothing when both sides are kept.
+    const bool invert = node.value("invert", false);
+    const SplitKeeps keeps = behavior == "Isolated" ? SplitKeeps::kMatchesAndGaps
+                             : invert               ? SplitKeeps::kMatches
+                                                    : SplitKeeps::kGaps;
     add(std::make_unique<RegexSplitter>(pattern[literal ? "String" : "Regex"].get<std::string>(), literal,
                                         where + ": " + field),
-        behavior == "Removed");
+        keeps);
   } else {
     throw field_error(where, field + ".type",
                       "pre-tokenizer '" + type + "' is not supported; expected ByteLevel, Split or Sequence");
@@ -358,8 +363,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
 
     bool after_byte_level = false;
     read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
-                       [&](std::unique_ptr<RegexSplitter> splitter, bool removed) {
-                         t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), removed});
+                       [&](std::unique_ptr<RegexSplitter> splitter, SplitKeeps keeps) {
+                         t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), keeps});
                        },
                        &after_byte_level);
     index_added_tokens(std::move(added), &t->added_by_first_byte_, &t->added_first_bytes_);
@@ -428,7 +433,7 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>*
   for (const PreTokenizer& pre : pre_tokenizers_) {
     if (!pre.splitter) continue;
     next.clear();
-    for (std::string_view piece : current) pre.splitter->split(piece, &next, pre.remove_matches);
+    for (std::string_view piece : current) pre.splitter->split(piece, &next, pre.keeps);
     std::swap(current, next);
   }
   for (std::string_view piece : current) encode_piece(piece, out);

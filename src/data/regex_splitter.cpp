@@ -5,6 +5,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <unicode/utf8.h>
+
 #include <memory>
 
 #include "dstrain/core/error.h"
@@ -159,23 +161,40 @@ bool RegexSplitter::find(std::string_view text, size_t from, size_t* start, size
   return true;
 }
 
-void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches) const {
+namespace {
+
+bool valid_utf8(std::string_view text) {
+  for (int32_t i = 0, n = static_cast<int32_t>(text.size()); i < n;) {
+    UChar32 c = 0;
+    U8_NEXT(text.data(), i, n, c);
+    if (c < 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* pieces, SplitKeeps keeps) const {
+  const bool keep_matches = keeps != SplitKeeps::kGaps;
+  auto gap = [&](std::string_view piece) {
+    if (keeps != SplitKeeps::kMatches || !valid_utf8(piece)) pieces->push_back(piece);
+  };
   size_t emitted = 0, start = 0, end = 0;
   while (emitted < text.size()) {
     if (ascii_gpt2_) {
       const size_t ascii_end = gpt2::ascii_match_end(text, emitted);
       if (ascii_end > emitted) {
-        if (!drop_matches) pieces->push_back(text.substr(emitted, ascii_end - emitted));
+        if (keep_matches) pieces->push_back(text.substr(emitted, ascii_end - emitted));
         emitted = ascii_end;
         continue;
       }
     }
     if (!find(text, emitted, &start, &end)) break;
-    if (start > emitted) pieces->push_back(text.substr(emitted, start - emitted));
-    if (!drop_matches && end > start) pieces->push_back(text.substr(start, end - start));
+    if (start > emitted) gap(text.substr(emitted, start - emitted));
+    if (keep_matches && end > start) pieces->push_back(text.substr(start, end - start));
     emitted = end;
   }
-  if (emitted < text.size()) pieces->push_back(text.substr(emitted));
+  if (emitted < text.size()) gap(text.substr(emitted));
 }
 
 }  // namespace dstrain

@@ -111,7 +111,7 @@ TEST(RegexSplitter, EmptyMatchesAreSplitPoints) {
   RegexSplitter stars("x*", false, "test");
   EXPECT_EQ(pieces_of(stars, "axxbc"), (std::vector<std::string>{"a", "xx", "b", "c"}));
   std::vector<std::string_view> gaps;
-  capitals.split("aBc", &gaps, /*drop_matches=*/true);
+  capitals.split("aBc", &gaps, SplitKeeps::kGaps);
   EXPECT_EQ(std::vector<std::string>(gaps.begin(), gaps.end()), (std::vector<std::string>{"a", "Bc"}));
 }
 
@@ -322,6 +322,35 @@ TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
   json literal = small_tokenizer({{"a", "b"}}, json{{"type", "Split"}, {"pattern", json{{"String", "."}}},
                                                     {"behavior", "Removed"}, {"invert", false}});
   EXPECT_EQ(load(literal)->encode("ab.xab"), (std::vector<uint32_t>{256, 'x', 256}));
+
+  // Split with invert: "Removed" then drops the gaps and keeps the matches (GPT-4o's file as
+  // shipped); a gap of invalid UTF-8 is kept, not lost; "Isolated" is unchanged by it.
+  auto split_of = [](const std::string& regex, const std::string& behavior, bool invert) {
+    return json{{"type", "Sequence"},
+                {"pretokenizers", json::array({json{{"type", "Split"}, {"pattern", json{{"Regex", regex}}},
+                                                    {"behavior", behavior}, {"invert", invert}},
+                                               json{{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                                    {"use_regex", false}}})}};
+  };
+  auto inverted = load(small_tokenizer({{"a", "b"}}, split_of(" ?[a-z]+|[0-9]", "Removed", true)));
+  EXPECT_EQ(inverted->encode("ab cd!9"), (std::vector<uint32_t>{256, ' ', 'c', 'd', '9'}));
+  EXPECT_EQ(inverted->encode("ab\xFF" "9"), (std::vector<uint32_t>{256, 0xFF, '9'}));
+  auto removed = load(small_tokenizer({{"a", "b"}}, split_of(" ?[a-z]+|[0-9]", "Removed", false)));
+  EXPECT_EQ(removed->encode("ab cd!9"), (std::vector<uint32_t>{'!'}));
+  for (bool invert : {false, true})
+    EXPECT_EQ(load(small_tokenizer({{"a", "b"}}, split_of("b", "Isolated", invert)))->encode("abab"),
+              (std::vector<uint32_t>{'a', 'b', 'a', 'b'}));
+  const std::string o200k =
+      "[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+      "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+      "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\r\n/]*|"
+      "\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+  auto gpt4o = load(small_tokenizer({{"Ġ", "w"}}, split_of(o200k, "Removed", true)));
+  const std::string text = "Hello World's 12345!!\n\n  \xE6\x97\xA5\xFF end";
+  EXPECT_EQ(gpt4o->decode(gpt4o->encode(text)), text);  // the matches cover all valid text
+  // " w" is one piece (a letter run with its leading space), so its merge applies.
+  const std::vector<uint32_t> ids = gpt4o->encode(" w1234");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{256, '1', '2', '3', '4'}));
 
   // A Split after ByteLevel would see byte-level characters: refused, not mis-split.
   json late = small_tokenizer({{"a", "b"}}, json{{"type", "Sequence"},

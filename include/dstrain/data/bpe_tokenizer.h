@@ -47,7 +47,7 @@ class BpeTokenizer : public Tokenizer {
  private:
   struct PreTokenizer {
     std::unique_ptr<RegexSplitter> splitter;  // null: ByteLevel without regex (no split)
-    bool remove_matches = false;              // behavior "Removed"
+    SplitKeeps keeps = SplitKeeps::kMatchesAndGaps;
   };
   struct Merge {
     uint32_t rank, merged;

@@ -19,6 +19,11 @@
 
 namespace dstrain {
 
+// Which pieces split() keeps. Hugging Face's Split: behavior "Isolated" keeps the matches and
+// the gaps between them; "Removed" drops the matches; "Removed" with `invert: true` drops the
+// gaps (GPT-4o's file: the pieces are the pattern's matches, as tiktoken's findall gives them).
+enum class SplitKeeps { kMatchesAndGaps, kGaps, kMatches };
+
 class RegexSplitter {
  public:
   // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}).
@@ -28,9 +33,12 @@ class RegexSplitter {
   RegexSplitter(const RegexSplitter&) = delete;
   RegexSplitter& operator=(const RegexSplitter&) = delete;
 
-  // Appends the pieces of `text` (matches and the gaps between them, in order, none empty);
-  // with `drop_matches` only the gaps (behavior "Removed"). Thread-safe: per-thread match data.
-  void split(std::string_view text, std::vector<std::string_view>* pieces, bool drop_matches = false) const;
+  // Appends the pieces of `text` that `keeps` names (matches and the gaps between them, in order,
+  // none empty). A gap that is not valid UTF-8 is never dropped: text that Hugging Face would
+  // have received as U+FFFD, which every pattern that drops gaps matches, is not lost.
+  // Thread-safe: per-thread match data.
+  void split(std::string_view text, std::vector<std::string_view>* pieces,
+             SplitKeeps keeps = SplitKeeps::kMatchesAndGaps) const;
   // The first match at or after `from`, [*start, *end), other than an empty one at `from` itself
   // (where the previous match ended); false when there is none.
   bool find(std::string_view text, size_t from, size_t* start, size_t* end) const;
