@@ -16,6 +16,7 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/xxhash.h"
 #include "dstrain/data/byte_level.h"
+#include "dstrain/data/unicode_normalizer.h"
 
 namespace dstrain {
 namespace {
@@ -156,10 +157,20 @@ json parse_json(const std::string& json_text, const std::string& where) {
   }
 }
 
-void check_normalizer(const json& node, const std::string& where) {
-  if (node.is_null()) return;
-  if (node.value("type", "") == "Sequence" && node.value("normalizers", json::array()).empty()) return;
-  throw field_error(where, "normalizer", "'" + node.dump() + "' is not supported; expected null (byte-level BPE)");
+// The normalizer: none, or one Unicode normalization form (also as the only entry of a Sequence,
+// as Qwen's files write NFC). Anything else would change text in ways not carried out here.
+std::optional<UnicodeNormalizer> read_normalizer(const json& node, const std::string& where) {
+  json only = node;
+  if (node.is_object() && node.value("type", "") == "Sequence") {
+    const json list = node.value("normalizers", json::array());
+    if (list.empty()) return std::nullopt;
+    if (list.size() == 1) only = list[0];
+  }
+  if (only.is_null()) return std::nullopt;
+  if (only.is_object())
+    if (auto form = UnicodeNormalizer::form_named(only.value("type", ""))) return UnicodeNormalizer(*form);
+  throw field_error(where, "normalizer",
+                    "'" + node.dump() + "' is not supported; expected null, NFC, NFD, NFKC or NFKD (alone or in a Sequence)");
 }
 
 void check_decoder(const json& node, const std::string& where) {
@@ -208,10 +219,11 @@ uint32_t read_vocab(const json& model, const std::string& where, Vocabulary* voc
   return max_id;
 }
 
-// The entries of added_tokens, in the file's order; each also into `content_ids`, and *max_id
-// raised to the largest id.
+// The entries of added_tokens, in the file's order; each also into `content_ids`, its "normalized"
+// flag into `normalized` (Hugging Face's default: not for special tokens), and *max_id raised to
+// the largest id.
 AddedTokens read_added_tokens(const json& entries, const std::string& where, const Vocabulary& vocab,
-                              Vocabulary* content_ids, uint32_t* max_id) {
+                              Vocabulary* content_ids, std::vector<bool>* normalized, uint32_t* max_id) {
   AddedTokens tokens;
   for (const json& entry : entries) {
     const std::string content = entry.at("content").get<std::string>();
@@ -224,6 +236,7 @@ AddedTokens read_added_tokens(const json& entries, const std::string& where, con
     const uint32_t id = in_vocab != vocab.end() ? in_vocab->second
                                                 : read_id(entry.at("id"), where, "added_tokens '" + content + "'");
     tokens.emplace_back(content, id);
+    normalized->push_back(entry.value("normalized", !entry.value("special", false)));
     (*content_ids)[content] = id;
     *max_id = std::max(*max_id, id);
   }
@@ -288,18 +301,6 @@ void read_merges(const json& merges, const Vocabulary& vocab, const std::string&
   }
 }
 
-// The added tokens by their first byte, longest first, into `by_first_byte`; their distinct first
-// bytes into `first_bytes`.
-void index_added_tokens(AddedTokens added, std::array<AddedTokens, 256>* by_first_byte, std::string* first_bytes) {
-  // Longest first, so that a token that is a prefix of another never wins over it.
-  std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& [content, id] : added) {
-    auto& starting_alike = (*by_first_byte)[static_cast<unsigned char>(content[0])];
-    if (starting_alike.empty()) *first_bytes += content[0];
-    starting_alike.emplace_back(content, id);
-  }
-}
-
 // The id of the special token `processor` puts before every sequence, if it names one.
 std::optional<uint32_t> beginning_token_id(const BpeTokenizer& tokenizer, const json& processor,
                                            const std::string& where) {
@@ -346,12 +347,13 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
     const json& model = root.at("model");
     check_model_options(model, where);
     t->ignore_merges_ = model.value("ignore_merges", false);
-    check_normalizer(root.value("normalizer", json()), where);
+    t->normalizer_ = read_normalizer(root.value("normalizer", json()), where);
     check_decoder(root.value("decoder", json()), where);
 
     uint32_t max_id = read_vocab(model, where, &t->vocab_);
-    AddedTokens added =
-        read_added_tokens(root.value("added_tokens", json::array()), where, t->vocab_, &t->added_, &max_id);
+    std::vector<bool> normalized;
+    AddedTokens added = read_added_tokens(root.value("added_tokens", json::array()), where, t->vocab_, &t->added_,
+                                          &normalized, &max_id);
     t->vocab_size_ = max_id + 1;
     t->byte_ids_ = byte_symbol_ids(t->vocab_, where, kNoSymbol);
     t->id_bytes_ = bytes_of_ids(t->vocab_, added, t->vocab_size_);
@@ -367,7 +369,19 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
                          t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), keeps});
                        },
                        &after_byte_level);
-    index_added_tokens(std::move(added), &t->added_by_first_byte_, &t->added_first_bytes_);
+    // Tokens marked "normalized" are found in the normalized text, their content normalized too
+    // (Hugging Face's order); the others in the text as it comes.
+    AddedTokens raw, in_normalized_text;
+    for (size_t i = 0; i < added.size(); ++i) {
+      if (!t->normalizer_ || !normalized[i]) {
+        raw.push_back(added[i]);
+        continue;
+      }
+      std::string storage;
+      in_normalized_text.emplace_back(std::string(t->normalizer_->normalize(added[i].first, &storage)), added[i].second);
+    }
+    t->raw_added_ = AddedTokenIndex(std::move(raw));
+    t->normalized_added_ = AddedTokenIndex(std::move(in_normalized_text));
   } catch (const json::exception& e) {
     throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape: " + describe_json_error(e));
   }
@@ -394,36 +408,19 @@ std::vector<uint32_t> BpeTokenizer::encode(const std::string& text) const {
 }
 
 void BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>* out) const {
-  if (added_.empty()) return encode_ordinary(text, out);
-  // Added tokens are cut out first, leftmost, and the longest at a position (Hugging Face's
-  // leftmost-longest match); the text between them is encoded as usual.
-  size_t gap = 0;
-  for (size_t i = 0; i < text.size();) {
-    // On to the next byte that starts an added token (memchr when they all start alike: '<').
-    if (added_first_bytes_.size() == 1) {
-      const void* next = std::memchr(text.data() + i, added_first_bytes_[0], text.size() - i);
-      if (!next) break;
-      i = static_cast<size_t>(static_cast<const char*>(next) - text.data());
-    } else {
-      while (i < text.size() && added_by_first_byte_[static_cast<unsigned char>(text[i])].empty()) ++i;
-      if (i == text.size()) break;
-    }
-    const std::pair<std::string, uint32_t>* match = nullptr;
-    for (const auto& token : added_by_first_byte_[static_cast<unsigned char>(text[i])])
-      if (text.compare(i, token.first.size(), token.first) == 0) {
-        match = &token;
-        break;
-      }
-    if (!match) {
-      ++i;
-      continue;
-    }
-    if (i > gap) encode_ordinary(text.substr(gap, i - gap), out);
-    out->push_back(match->second);
-    i += match->first.size();
-    gap = i;
-  }
-  if (text.size() > gap) encode_ordinary(text.substr(gap), out);
+  // Added tokens are cut out first; the text between them is encoded as usual.
+  auto stretch = [&](std::string_view between) { encode_normalized(between, out); };
+  if (raw_added_.empty()) return stretch(text);
+  raw_added_.split(text, [out](uint32_t id) { out->push_back(id); }, stretch);
+}
+
+void BpeTokenizer::encode_normalized(std::string_view text, std::vector<uint32_t>* out) const {
+  if (!normalizer_) return encode_ordinary(text, out);
+  thread_local std::string storage;
+  const std::string_view normal = normalizer_->normalize(text, &storage);
+  if (normalized_added_.empty()) return encode_ordinary(normal, out);
+  normalized_added_.split(normal, [out](uint32_t id) { out->push_back(id); },
+                          [&](std::string_view between) { encode_ordinary(between, out); });
 }
 
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>* out) const {

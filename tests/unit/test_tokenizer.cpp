@@ -226,9 +226,9 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
   SCOPED_TRACE("case 5");
   expect_error([&] { load(bad); }, ExitCode::kUsage, {"model.type", "WordPiece", "BPE"});
   bad = good;
-  bad["normalizer"] = json{{"type", "NFKC"}};
+  bad["normalizer"] = json{{"type", "Lowercase"}};
   SCOPED_TRACE("case 6");
-  expect_error([&] { load(bad); }, ExitCode::kUsage, {"normalizer", "NFKC"});
+  expect_error([&] { load(bad); }, ExitCode::kUsage, {"normalizer", "Lowercase", "NFC"});
   bad = good;
   bad["added_tokens"] = json::array();
   SCOPED_TRACE("case 7");
@@ -377,6 +377,41 @@ TEST(BpeTokenizer, ReadsTheShapesOfDeepSeeksAndOtherPublishedFiles) {
     bad["model"]["vocab"]["a"] = id;
     expect_error([&] { load(bad); }, ExitCode::kUsage, {"model.vocab 'a'", "is not an integer from 0 to 16777215"});
   }
+}
+
+// A normalizer as Qwen's files have it (NFC, alone or in a Sequence): text is normalized before
+// it is split, so a decomposed "é" is the precomposed one's tokens. The expectations are
+// Unicode's: U+0065 U+0301 composes to U+00E9 (C3 A9); NFKC also maps U+FB01 (the "fi"
+// ligature) to "f" "i"; an invalid byte between them stops composition.
+TEST(BpeTokenizer, NormalizesTextAsTheFileAsks) {
+  const auto& chars = byte_level::byte_to_chars();
+  const std::string decomposed = "e\xCC\x81", composed = "\xC3\xA9";
+  json qwen = small_tokenizer({{chars[0xC3], chars[0xA9]}}, gpt2_pre_tokenizer());
+  for (const json& normalizer : {json{{"type", "NFC"}},
+                                 json{{"type", "Sequence"}, {"normalizers", json::array({json{{"type", "NFC"}}})}}}) {
+    qwen["normalizer"] = normalizer;
+    auto tokenizer = load(qwen);
+    EXPECT_EQ(tokenizer->encode("caf" + decomposed), (std::vector<uint32_t>{'c', 'a', 'f', 256}));
+    EXPECT_EQ(tokenizer->encode("caf" + composed), (std::vector<uint32_t>{'c', 'a', 'f', 256}));
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(decomposed + " x")), composed + " x");
+    EXPECT_EQ(tokenizer->encode("e\xFF\xCC\x81"), (std::vector<uint32_t>{'e', 0xFF, 0xCC, 0x81}));
+    EXPECT_EQ(tokenizer->encode("\xEF\xAC\x81"), (std::vector<uint32_t>{0xEF, 0xAC, 0x81}));  // NFC keeps ligatures
+  }
+  qwen["normalizer"] = json{{"type", "NFKC"}};
+  EXPECT_EQ(load(qwen)->encode("\xEF\xAC\x81"), (std::vector<uint32_t>{'f', 'i'}));
+  qwen["normalizer"] = json{{"type", "NFD"}};
+  EXPECT_EQ(load(qwen)->encode(composed), (std::vector<uint32_t>{'e', 0xCC, 0x81}));
+
+  // Added tokens: one marked "normalized" is found in the normalized text (its content normalized
+  // too); one that is not is found only in the text as written.
+  qwen["normalizer"] = json{{"type", "NFC"}};
+  qwen["added_tokens"].push_back(json{{"id", 500}, {"content", "<" + decomposed + ">"}, {"normalized", true}});
+  qwen["added_tokens"].push_back(json{{"id", 501}, {"content", "[" + decomposed + "]"}, {"normalized", false}});
+  auto tokenizer = load(qwen);
+  EXPECT_EQ(tokenizer->encode("<" + composed + ">"), (std::vector<uint32_t>{500}));
+  EXPECT_EQ(tokenizer->encode("<" + decomposed + ">"), (std::vector<uint32_t>{500}));
+  EXPECT_EQ(tokenizer->encode("[" + decomposed + "]"), (std::vector<uint32_t>{501}));
+  EXPECT_EQ(tokenizer->encode("[" + composed + "]"), (std::vector<uint32_t>{'[', 256, ']'}));
 }
 
 // A recorded name's identity: byte, or a tokenizer.json's content hash whatever its file name;

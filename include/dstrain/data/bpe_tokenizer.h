@@ -3,20 +3,24 @@
 // regexes, then ByteLevel without regex), with added and special tokens.
 //
 // encode: added tokens are cut out of the text first (longest match at each position, as
-// Hugging Face does), the rest is split into pieces by the pre-tokenizers, each piece's bytes
-// become byte-level symbols, and merges are applied lowest rank first, leftmost first. Every
-// byte has a symbol, so any byte string encodes, valid UTF-8 or not, and decode(encode(x)) == x.
+// Hugging Face does), the rest is normalized where the file asks (NFC for Qwen's files), split
+// into pieces by the pre-tokenizers, each piece's bytes become byte-level symbols, and merges
+// are applied lowest rank first, leftmost first. Every byte has a symbol, so any byte string
+// encodes, valid UTF-8 or not, and decode(encode(x)) == x (the normalized x with a normalizer).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "dstrain/data/added_token_index.h"
 #include "dstrain/data/regex_splitter.h"
+#include "dstrain/data/unicode_normalizer.h"
 #include "dstrain/data/tokenizer.h"
 
 namespace dstrain {
@@ -54,6 +58,9 @@ class BpeTokenizer : public Tokenizer {
   };
 
   BpeTokenizer() = default;
+  // A stretch between added tokens: normalized (with a normalizer), the added tokens found in the
+  // normalized text cut out, the rest encoded by encode_ordinary.
+  void encode_normalized(std::string_view text, std::vector<uint32_t>* out) const;
   void encode_ordinary(std::string_view text, std::vector<uint32_t>* out) const;
   void encode_piece(std::string_view piece, std::vector<uint32_t>* out) const;
   void merge_symbols(std::vector<uint32_t>* symbols) const;
@@ -71,9 +78,9 @@ class BpeTokenizer : public Tokenizer {
   std::vector<std::string> id_bytes_;                    // id → the bytes it decodes to
   std::vector<PreTokenizer> pre_tokenizers_;
   std::unordered_map<std::string, uint32_t> added_;      // added token content → id
-  // The added tokens by their first byte, longest first: what may match at a position.
-  std::array<std::vector<std::pair<std::string, uint32_t>>, 256> added_by_first_byte_;
-  std::string added_first_bytes_;  // the distinct first bytes of the added tokens
+  std::optional<UnicodeNormalizer> normalizer_;          // the file's normalizer, if any
+  AddedTokenIndex raw_added_;         // added tokens found in the text as it comes
+  AddedTokenIndex normalized_added_;  // those marked "normalized", found in the normalized text
 };
 
 }  // namespace dstrain
