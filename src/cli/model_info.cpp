@@ -76,9 +76,11 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
   std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(plan.parameters).c_str(),
               gib(plan.gradients).c_str(), gib(plan.optimizer_state).c_str());
   std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
-              "                 none %s, full %s%s); total %s\n",
+              "                 none %s, selective %s, full %s%s); total %s\n",
               gib(plan.activations).c_str(), config.loop.recompute.c_str(),
-              gib(plan.activations_by_recompute.at("none")).c_str(), gib(plan.activations_by_recompute.at("full")).c_str(),
+              gib(plan.activations_by_recompute.at("none")).c_str(),
+              gib(plan.activations_by_recompute.at("selective")).c_str(),
+              gib(plan.activations_by_recompute.at("full")).c_str(),
               compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
               gib(plan.total()).c_str());
 }

@@ -10,14 +10,24 @@ namespace {
 // Attention, MHA/GQA: the rotated queries, the keys and values repeated to every head, the
 // output before o_proj (4 × heads × head_dim); and the softmax probabilities (fp32) of unfused
 // attention, or the log-sum-exp per head of fused attention.
-double attention_elements(const ModelConfig& c, const ActivationMemoryOptions& o) {
+// Selective recomputation keeps of MLA only the latents its up-projections start from (the
+// query's, or without q_lora_rank the query itself, and the key-value latent with the rope part)
+// and per head the output: the norms, queries, keys and values are computed again. Of unfused
+// attention it keeps no probabilities (the attention is rerun too), of MHA the projections.
+double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
   const double heads = static_cast<double>(c.num_heads);
-  const double scores = o.fused_attention ? heads : heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
+  const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
+  const double scores = o.fused_attention ? heads : selective ? 0.0 : probabilities;
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
+  const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
+  const double rope = static_cast<double>(c.qk_rope_head_dim);
+  if (selective) {
+    const double query_input = c.q_lora_rank > 0 ? q_lora : heads * c.qk_head_dim();
+    return query_input + kv_lora + rope + heads * c.value_head_dim() + scores;
+  }
   // MLA: the query latent with its norm (input, normalised, output), the key-value latent with its
   // norm and the rope part, then per head the query and key (qk), the value and the output (v).
-  const double latents = 3.0 * static_cast<double>(c.q_lora_rank) + 4.0 * static_cast<double>(c.kv_lora_rank) +
-                         static_cast<double>(c.qk_rope_head_dim);
+  const double latents = 3.0 * q_lora + 4.0 * kv_lora + rope;
   return latents + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
 }
 
@@ -28,12 +38,14 @@ double attention_elements(const ModelConfig& c, const ActivationMemoryOptions& o
 // (the input the expert's matrix products keep) and its output comes back (what the weighting
 // keeps): 2 × hidden more per routed copy. Counted as if experts were evenly loaded, so that a
 // rank receives as many copies as it sends.
-double mlp_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
-  if (!c.is_moe_layer(layer)) return 4.0 * static_cast<double>(c.intermediate_size);
+// Selective recomputation keeps of each SwiGLU only gate and up (2 × intermediate).
+double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const ActivationMemoryOptions& o) {
+  const double swiglu = selective ? 2.0 : 4.0;
+  if (!c.is_moe_layer(layer)) return swiglu * static_cast<double>(c.intermediate_size);
   const double k = static_cast<double>(c.num_experts_per_tok), h = static_cast<double>(c.hidden_size);
-  const double per_copy = (o.tokens_exchanged ? 4.0 : 2.0) * h + 4.0 * static_cast<double>(c.moe_intermediate_size);
+  const double per_copy = (o.tokens_exchanged ? 4.0 : 2.0) * h + swiglu * static_cast<double>(c.moe_intermediate_size);
   return 3.0 * static_cast<double>(c.n_routed_experts) + k * per_copy +
-         4.0 * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
+         swiglu * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
 }
 
 // The head while its gradients are made: the logits' gradient per token and the head weight's
@@ -49,10 +61,13 @@ double head_bytes(const ModelConfig& c, const ActivationMemoryOptions& o) {
 }  // namespace
 
 double layer_activation_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
-  // Each RMSNorm keeps its input, the normalised values and its output (3 × hidden), and the
-  // residual stream adds a little more (measured on LibTorch's CPU kernels: 2 × hidden).
+  // Each RMSNorm keeps its input, the normalised values and its output (3 × hidden; with
+  // selective recomputation its input only), and the residual stream adds a little more
+  // (measured on LibTorch's CPU kernels: 2 × hidden). The multi-token prediction modules are
+  // never recomputed.
+  const bool selective = o.recompute.mode == Recompute::kSelective && layer < c.num_layers;
   const double h = static_cast<double>(c.hidden_size);
-  return 8.0 * h + attention_elements(c, o) + mlp_elements(c, layer, o);
+  return (selective ? 4.0 : 8.0) * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
 }
 
 double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>& chunks,
@@ -65,7 +80,7 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
       const int64_t index = layer - slice.first;
       const bool recomputed = o.recompute.mode == Recompute::kFull &&
                               (o.recompute.layers == 0 || index < o.recompute.layers);
-      const double full = layer_activation_elements(c, layer, o) * tokens;
+      const double full = layer_activation_elements(c, layer, o) * tokens;  // (full: as if none)
       kept += recomputed ? h * tokens : full;
       if (recomputed) rerun = std::max(rerun, full);
     }

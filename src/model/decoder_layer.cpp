@@ -1,6 +1,22 @@
 #include "dstrain/model/decoder_layer.h"
 
+#include "dstrain/model/recompute.h"
+
 namespace dstrain {
+namespace {
+
+// consumer(norm(x)); under selective recomputation the norm's output is not kept for the backward
+// pass but computed again there (recompute.h). The norm uses x twice (its square and the
+// product); the gradients of the two are summed before they meet the residual's, with or without
+// recomputation (where the rerun sums them into its own input), so that both give the same bits.
+torch::Tensor through_norm(RMSNorm& norm, const torch::Tensor& x,
+                           const std::function<torch::Tensor(const torch::Tensor&)>& consumer) {
+  if (!selective_recompute()) return consumer(norm(x.view_as(x)));
+  return recompute_outputs([norm](const Tensors& in) mutable { return Tensors{norm(in[0])}; }, {x},
+                           [&consumer](const Tensors& normed) { return Tensors{consumer(normed[0])}; })[0];
+}
+
+}  // namespace
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, const ExpertShard& experts) {
   if (c.is_mla())
@@ -21,8 +37,9 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& input, const RopeTa
   // reuses the embeddings): the grouping a recomputed layer gives them too, so that recomputation
   // changes no bit.
   const torch::Tensor x = input.view_as(input);
-  const torch::Tensor normed = input_layernorm_(x);
-  return add_mlp(x + (latent_attention_ ? latent_attention_(normed, rope) : attention_(normed, rope)));
+  return add_mlp(x + through_norm(input_layernorm_, x, [&](const torch::Tensor& normed) {
+                   return latent_attention_ ? latent_attention_(normed, rope) : attention_(normed, rope);
+                 }));
 }
 
 torch::Tensor DecoderLayerImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
@@ -37,8 +54,8 @@ AttentionCache DecoderLayerImpl::empty_cache(int64_t batch, int64_t capacity) co
 }
 
 torch::Tensor DecoderLayerImpl::add_mlp(const torch::Tensor& h) {
-  const torch::Tensor normed_h = post_attention_layernorm_(h);
-  return h + (moe_ ? moe_(normed_h) : mlp_(normed_h));
+  return h + through_norm(post_attention_layernorm_, h,
+                          [this](const torch::Tensor& normed) { return moe_ ? moe_(normed) : mlp_(normed); });
 }
 
 }  // namespace dstrain

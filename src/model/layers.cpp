@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/recompute.h"
 #include "dstrain/model/swiglu_activation.h"
 
 namespace dstrain {
@@ -47,12 +48,28 @@ AttentionCache AttentionImpl::empty_cache(int64_t batch, int64_t capacity) const
 torch::Tensor AttentionImpl::attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache,
                                     int64_t start) {
   const int64_t batch = x.size(0), seq = x.size(1);
+  const Tensors projected = {q_proj_(x), k_proj_(x), v_proj_(x)};
+  auto core = [this, rope, cache, start](const Tensors& p) { return Tensors{attention_core(p, rope, cache, start)}; };
+  auto output = [&](const Tensors& out) {
+    return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}))};
+  };
+  // Selective recomputation where attention keeps its probabilities (unfused, LibTorch < 2.1):
+  // the attention is computed again from the projections in the backward pass, so that no score
+  // matrix is kept, as with fused attention.
+  if (cache == nullptr && selective_recompute() && !compat::kHasFusedAttention)
+    return recompute_outputs(core, projected, output)[0];
+  return output(core(projected))[0];
+}
+
+torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache,
+                                            int64_t start) {
+  const int64_t batch = projected[0].size(0), seq = projected[0].size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) {
     return t.view({batch, seq, n, head_dim_}).transpose(1, 2);  // [B, n, S, d]
   };
-  torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);
-  torch::Tensor k = apply_rope(heads(k_proj_(x), num_kv_heads_), rope);
-  torch::Tensor v = heads(v_proj_(x), num_kv_heads_);
+  torch::Tensor q = apply_rope(heads(projected[0], num_heads_), rope);
+  torch::Tensor k = apply_rope(heads(projected[1], num_kv_heads_), rope);
+  torch::Tensor v = heads(projected[2], num_kv_heads_);
   if (cache) {  // the new positions join the cache; the queries see all of it
     cache->keys.narrow(2, start, seq).copy_(k);
     cache->values.narrow(2, start, seq).copy_(v);
@@ -65,8 +82,7 @@ torch::Tensor AttentionImpl::attend(const torch::Tensor& x, const RopeTables& ro
     k = k.repeat_interleave(group, /*dim=*/1);
     v = v.repeat_interleave(group, /*dim=*/1);
   }
-  torch::Tensor out = compat::causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  return o_proj_(out.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}));
+  return compat::causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, H, S, d]
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
@@ -76,7 +92,11 @@ SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down_proj_(swiglu_activation(gate_proj_(x), up_proj_(x)));
+  const torch::Tensor gate = gate_proj_(x), up = up_proj_(x);
+  if (!selective_recompute()) return down_proj_(swiglu_activation(gate, up));
+  // Selective recomputation: the activation is computed again in the backward pass, not kept.
+  return recompute_outputs([](const Tensors& in) { return Tensors{swiglu_activation(in[0], in[1])}; }, {gate, up},
+                           [this](const Tensors& activation) { return Tensors{down_proj_(activation[0])}; })[0];
 }
 
 }  // namespace dstrain

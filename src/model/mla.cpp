@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/recompute.h"
 
 namespace dstrain {
 namespace {
@@ -38,33 +39,53 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c)
   o_proj_ = register_module("o_proj", linear(heads_ * v_dim_, c.hidden_size));
 }
 
-MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::project(const torch::Tensor& x,
-                                                                              const RopeTables& rope) {
-  const int64_t batch = x.size(0), seq = x.size(1);
-  torch::Tensor q = q_proj_ ? q_proj_(x) : q_b_proj_(q_a_layernorm_(q_a_proj_(x)));
+Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {
+  return {q_proj_ ? q_proj_(x) : q_a_proj_(x), kv_a_proj_with_mqa_(x)};
+}
+
+MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::up_project(const Tensors& down,
+                                                                                 const RopeTables& rope) {
+  const torch::Tensor& compressed = down[1];  // [B, S, latent + rope]
+  const int64_t batch = compressed.size(0), seq = compressed.size(1);
+  torch::Tensor q = q_proj_ ? down[0] : q_b_proj_(q_a_layernorm_(down[0]));
   q = q.view({batch, seq, heads_, nope_ + rope_dim_}).transpose(1, 2);  // [B, H, S, qk]
   q = torch::cat({q.narrow(-1, 0, nope_), apply_rope(q.narrow(-1, nope_, rope_dim_), rope)}, -1);
-  torch::Tensor compressed = kv_a_proj_with_mqa_(x);  // [B, S, latent + rope]
   torch::Tensor latent = kv_a_layernorm_(compressed.narrow(-1, 0, kv_lora_rank_));
   torch::Tensor k_rope = apply_rope(compressed.narrow(-1, kv_lora_rank_, rope_dim_).unsqueeze(1), rope).squeeze(1);
   return {q, latent, k_rope};
 }
 
-torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  const int64_t batch = x.size(0), seq = x.size(1);
-  const Projected p = project(x, rope);
+Tensors MultiHeadLatentAttentionImpl::attention_inputs(const Tensors& down, const RopeTables& rope) {
+  const Projected p = up_project(down, rope);
+  const int64_t batch = p.latent.size(0), seq = p.latent.size(1);
   torch::Tensor kv = kv_b_proj_(p.latent).view({batch, seq, heads_, nope_ + v_dim_}).transpose(1, 2);
   torch::Tensor k_rope = p.k_rope.unsqueeze(1).expand({batch, heads_, seq, rope_dim_});  // shared by the heads
   torch::Tensor key = torch::cat({kv.narrow(-1, 0, nope_), k_rope}, -1);
   torch::Tensor value = kv.narrow(-1, nope_, v_dim_).contiguous();
-  torch::Tensor out = compat::causal_attention(p.query, key, value, scale_);  // [B, H, S, v]
-  return o_proj_(out.transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}));
+  return {p.query, key, value};
+}
+
+torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const Tensors down = down_project(x);
+  auto up = [this, rope](const Tensors& latents) { return attention_inputs(latents, rope); };
+  auto attend = [this](const Tensors& qkv) { return Tensors{compat::causal_attention(qkv[0], qkv[1], qkv[2], scale_)}; };
+  auto output = [&](const Tensors& out) {  // out: [B, H, S, v]
+    return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}))};
+  };
+  if (!selective_recompute()) return output(attend(up(down)))[0];
+  // Selective recomputation: the up-projections' outputs (queries, keys, values) are computed
+  // again from the latents in the backward pass, not kept; where attention keeps its
+  // probabilities (unfused, LibTorch < 2.1) the attention is rerun with them, so that no score
+  // matrix is kept, as with fused attention.
+  if (compat::kHasFusedAttention) return output(recompute_outputs(up, down, attend))[0];
+  return recompute_outputs([up, attend](const Tensors& latents) { return attend(up(latents)); }, down, output)[0];
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,
                                                            AttentionCache& cache, int64_t start) {
   const int64_t batch = x.size(0), seq = x.size(1), keys = start + seq, c = kv_lora_rank_;
-  const Projected p = project(x, rope);
+  const Projected p = up_project(down_project(x), rope);
   const torch::Tensor& query = p.query;
   // The new positions join the cache; the queries see all of it.
   cache.latent.narrow(1, start, seq).copy_(p.latent);

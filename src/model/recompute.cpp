@@ -59,13 +59,156 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   }
 };
 
+// --- recompute_outputs ---
+
+bool shares_storage(const torch::Tensor& t, const Tensors& others) {
+  for (const torch::Tensor& other : others)
+    if (other.defined() && other.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) return true;
+  return false;
+}
+
+// Gives back the memory of `t`, which must be the only tensor of its storage and cover all of it;
+// returns the bytes given back (0: kept, when it is not alone or its memory is not the
+// allocator's).
+size_t release_storage(const torch::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->allocator() == nullptr || t.storage_offset() != 0 || storage->nbytes() != bytes || bytes == 0) return 0;
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+  return bytes;
+}
+
+// Gives `t` memory again and fills it with `values`, without touching `t`'s version counter
+// (the backward nodes that saved `t` check it): the copy goes through an alias of its own.
+void refill_storage(const torch::Tensor& t, size_t bytes, const torch::Tensor& values) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  torch::NoGradGuard no_gradients;
+  torch::Tensor alias = torch::empty({0}, t.options()).set_(t.storage(), 0, t.sizes(), t.strides());
+  alias.copy_(values);
+}
+
+// What the two autograd functions below share: the part, its inputs, the outputs whose memory was
+// given back and, once rerun, the rerun's graph. Only detached tensors: nothing here refers back
+// to the autograd nodes that hold it.
+struct DroppedOutputs : torch::CustomClassHolder {
+  TensorsFunction part;
+  Tensors inputs;
+  std::vector<bool> input_needs_grad;
+  Tensors outputs;
+  std::vector<size_t> released;  // bytes given back per output (0: kept)
+  Tensors leaves, rerun;         // the rerun's inputs and outputs, with its graph
+
+  void rerun_part() {
+    if (!rerun.empty()) return;
+    for (size_t i = 0; i < inputs.size(); ++i) leaves.push_back(inputs[i].detach().requires_grad_(input_needs_grad[i]));
+    torch::AutoGradMode with_gradients(true);
+    Rerun marked;
+    rerun = part(leaves);
+  }
+  void restore() {
+    rerun_part();
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (released[i] > 0) {
+        refill_storage(outputs[i], released[i], rerun[i].detach());
+        released[i] = 0;
+      }
+  }
+};
+
+// part(inputs), with gradients into the inputs and the part's parameters through its rerun.
+class DropOutputsFunction : public torch::autograd::Function<DropOutputsFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                c10::intrusive_ptr<DroppedOutputs> dropped) {
+    ctx->saved_data["dropped"] = c10::IValue::make_capsule(dropped);
+    Tensors leaves;
+    for (const torch::Tensor& input : inputs) leaves.push_back(input.detach().requires_grad_(input.requires_grad()));
+    torch::AutoGradMode with_gradients(true);  // the kernels the rerun will pick (see RecomputeFunction)
+    Tensors outputs = dropped->part(leaves);
+    for (torch::Tensor& output : outputs) output = output.detach();
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto dropped = c10::static_intrusive_pointer_cast<DroppedOutputs>(ctx->saved_data["dropped"].toCapsule());
+    dropped->rerun_part();
+    Tensors outputs, output_grads;
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined() && dropped->rerun[i].requires_grad()) {
+        outputs.push_back(dropped->rerun[i]);
+        output_grads.push_back(grads[i]);
+      }
+    if (!outputs.empty()) torch::autograd::backward(outputs, output_grads);
+    torch::autograd::variable_list input_grads;
+    for (const torch::Tensor& leaf : dropped->leaves) input_grads.push_back(leaf.requires_grad() ? leaf.grad() : torch::Tensor());
+    input_grads.emplace_back();  // (nothing for `dropped`)
+    dropped->leaves.clear();
+    dropped->rerun.clear();
+    return input_grads;
+  }
+};
+
+// The consumer's outputs as they are; in the backward pass, before their gradients reach the
+// consumer, the dropped outputs it saved are computed again.
+class RestoreOutputsFunction : public torch::autograd::Function<RestoreOutputsFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList consumed,
+                                                c10::intrusive_ptr<DroppedOutputs> dropped) {
+    ctx->saved_data["dropped"] = c10::IValue::make_capsule(dropped);
+    return consumed.vec();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::static_intrusive_pointer_cast<DroppedOutputs>(ctx->saved_data["dropped"].toCapsule())->restore();
+    grads.emplace_back();  // (nothing for `dropped`)
+    return grads;
+  }
+};
+
+thread_local bool selective = false;
+
 }  // namespace
 
 Recompute recompute_named(const std::string& name) {
   if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
   if (name == "full") return Recompute::kFull;
-  throw config_error("train.recompute", name, "expected none or full");
+  throw config_error("train.recompute", name, "expected none, selective or full");
 }
+
+Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer) {
+  bool any_needs_grad = false;
+  for (const torch::Tensor& input : inputs) any_needs_grad = any_needs_grad || input.requires_grad();
+  if (!torch::GradMode::is_enabled() || !any_needs_grad) return consumer(part(inputs));
+  auto dropped = c10::make_intrusive<DroppedOutputs>();
+  dropped->part = part;
+  for (const torch::Tensor& input : inputs) {
+    dropped->inputs.push_back(input.detach());
+    dropped->input_needs_grad.push_back(input.requires_grad());
+  }
+  // (A TensorList, not a vector: autograd counts the tensors of a list as inputs.)
+  const Tensors outputs = DropOutputsFunction::apply(at::TensorList(inputs), dropped);
+  const Tensors consumed = consumer(outputs);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const torch::Tensor& output = outputs[i];
+    dropped->outputs.push_back(output.detach());
+    const Tensors earlier(outputs.begin(), outputs.begin() + static_cast<std::ptrdiff_t>(i));
+    const bool alone = !shares_storage(output, inputs) && !shares_storage(output, consumed) && !shares_storage(output, earlier);
+    dropped->released.push_back(alone ? release_storage(output) : 0);
+  }
+  return RestoreOutputsFunction::apply(at::TensorList(consumed), dropped);
+}
+
+bool selective_recompute() { return selective; }
+
+SelectiveRecompute::SelectiveRecompute(bool on) : outer_(selective) { selective = on; }
+
+SelectiveRecompute::~SelectiveRecompute() { selective = outer_; }
 
 torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
                                     const torch::Tensor& input) {

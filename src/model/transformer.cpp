@@ -39,6 +39,7 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
 
 torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
   const bool full = recompute_.mode == Recompute::kFull;
+  const SelectiveRecompute selective(recompute_.mode == Recompute::kSelective);
   for (size_t i = 0; i < layers_.size(); ++i) {
     DecoderLayer layer = layers_[i];
     if (full && (recompute_.layers == 0 || static_cast<int64_t>(i) < recompute_.layers))

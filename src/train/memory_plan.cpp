@@ -90,7 +90,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
       plan.gradients = state.gradients;
       plan.optimizer_state = state.optimizer_state;
     }
-    for (const char* mode : {"none", "full"}) {
+    for (const char* mode : {"none", "selective", "full"}) {
       const bool configured = mode == c.loop.recompute;
       options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
       double& peak = plan.activations_by_recompute[mode];

@@ -36,8 +36,9 @@ void add_loop_options(OptionTable& t) {
         "dstrain's own fused CUDA kernels (LM loss softmax, SwiGLU, RoPE) on GPUs where built; "
         "false: LibTorch's operations");
   t.add("train.recompute", OptionKind::kString, "none",
-        "activations rerun in the backward pass instead of kept: none, or full (a decoder layer keeps only its "
-        "input)");
+        "activations rerun in the backward pass instead of kept: none; selective (DeepSeek-V3's: the RMSNorm "
+        "outputs, MLA's up-projections and the SwiGLU activations of the decoder layers); or full (a decoder "
+        "layer keeps only its input)");
   t.add("train.recompute_layers", OptionKind::kInt, "0",
         "train.recompute = full: the first N decoder layers of each model chunk rerun (0: all of them)");
   t.add("train.peak_tflops", OptionKind::kFloat, "0",
@@ -96,11 +97,12 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
-  c.recompute = o.get_choice("train.recompute", {"none", "full"});
+  c.recompute = o.get_choice("train.recompute", {"none", "selective", "full"});
   c.recompute_layers = o.get_int("train.recompute_layers", 0);
-  if (c.recompute_layers > 0 && c.recompute == "none")
+  if (c.recompute_layers > 0 && c.recompute != "full")
     throw config_error("train.recompute_layers", o.raw("train.recompute_layers"),
-                       "recomputes nothing with train.recompute = none; set train.recompute = full");
+                       "counts the layers of train.recompute = full, which is " + c.recompute + " here; set "
+                       "train.recompute = full");
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +

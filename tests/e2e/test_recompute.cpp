@@ -1,7 +1,7 @@
-// Activation recomputation (train.recompute) on real mpirun ranks: the same numbers as keeping
-// every activation, bitwise (losses, gradient norms, evaluation, final parameters), for the dense
-// and the DeepSeek-V3-shaped tiny models on one rank and on dp 2 × pp 2; and less activation
-// memory, as the run measures it.
+// Activation recomputation (train.recompute, selective and full) on real mpirun ranks: the same
+// numbers as keeping every activation, bitwise (losses, gradient norms, evaluation, final
+// parameters), for the dense and the DeepSeek-V3-shaped tiny models on one rank and on dp 2 ×
+// pp 2; and less activation memory, as the run measures it.
 #include <gtest/gtest.h>
 
 #include "e2e_util.h"
@@ -41,24 +41,29 @@ void check_model(const std::string& config, const std::string& name) {
                                       std::pair<int, std::vector<std::string>>{4, {"--parallel.pp", "2"}}}) {
     const std::string kept = scratch_dir(name + "-none-" + std::to_string(ranks));
     const std::string rerun = scratch_dir(name + "-full-" + std::to_string(ranks));
+    const std::string some = scratch_dir(name + "-selective-" + std::to_string(ranks));
     RunOutput none = train(config, ranks, kept, layout);
     ASSERT_EQ(none.exit_code, 0) << none.output;
-    std::vector<std::string> full_args = layout;
-    full_args.insert(full_args.end(), {"--train.recompute", "full"});
-    RunOutput full = train(config, ranks, rerun, full_args);
-    ASSERT_EQ(full.exit_code, 0) << full.output;
-    expect_same_records(kept, rerun);
-    // Each layer keeps its input alone: less than what keeping everything needs.
+    for (const auto& [mode, dir] : {std::pair{"selective", some}, std::pair{"full", rerun}}) {
+      std::vector<std::string> args = layout;
+      args.insert(args.end(), {"--train.recompute", mode});
+      RunOutput run = train(config, ranks, dir, args);
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      expect_same_records(kept, dir);
+    }
+    // Full keeps each layer's input alone, selective the inputs of what it reruns: less than
+    // keeping everything, and full the least.
     EXPECT_GT(activation_bytes(kept), 0);
-    EXPECT_LT(activation_bytes(rerun), activation_bytes(kept)) << config << " on " << ranks << " rank(s)";
+    EXPECT_LT(activation_bytes(some), activation_bytes(kept)) << config << " on " << ranks << " rank(s)";
+    EXPECT_LT(activation_bytes(rerun), activation_bytes(some)) << config << " on " << ranks << " rank(s)";
   }
 }
 
 }  // namespace
 
-TEST(Recompute, FullGivesTheSameNumbersWithLessMemoryDense) { check_model("tiny.ini", "recompute-dense"); }
+TEST(Recompute, EveryModeGivesTheSameNumbersWithLessMemoryDense) { check_model("tiny.ini", "recompute-dense"); }
 
-TEST(Recompute, FullGivesTheSameNumbersWithLessMemoryDeepSeekV3) { check_model("tiny-v3.ini", "recompute-v3"); }
+TEST(Recompute, EveryModeGivesTheSameNumbersWithLessMemoryDeepSeekV3) { check_model("tiny-v3.ini", "recompute-v3"); }
 
 // Only the first N layers of each chunk rerun: the same numbers, memory in between.
 TEST(Recompute, SomeLayersOnly) {
@@ -77,6 +82,11 @@ TEST(Recompute, AnUnknownModeIsAUsageError) {
   RunOutput run = train("tiny.ini", 0, scratch_dir("recompute-bad"), {"--train.recompute", "everything"});
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("train.recompute"), std::string::npos) << run.output;
+  // A layer count means something for full recomputation only.
+  run = train("tiny.ini", 0, scratch_dir("recompute-bad-layers"),
+              {"--train.recompute", "selective", "--train.recompute_layers", "2"});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("train.recompute_layers"), std::string::npos) << run.output;
 }
 
 // `dstrain model info` estimates a step's activation memory per mode within 15% of what `bench
@@ -84,7 +94,7 @@ TEST(Recompute, AnUnknownModeIsAUsageError) {
 // ~100M models at seq 512).
 TEST(Recompute, ModelInfoEstimatesTheMeasuredActivationMemory) {
   for (const char* config : {"tiny.ini", "tiny-v3.ini"}) {
-    for (const char* mode : {"none", "full"}) {
+    for (const char* mode : {"none", "selective", "full"}) {
       const std::vector<std::string> common = {"--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/" + config,
                                                "--train.micro_batch", "1", "--train.grad_accum", "1",
                                                "--train.recompute", mode};

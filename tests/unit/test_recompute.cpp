@@ -83,3 +83,44 @@ TEST(Recompute, MoECountsExpertLoadsOncePerForwardPass) {
   EXPECT_TRUE(torch::equal(plain->balance_loss(), rerun->balance_loss()));
   EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
 }
+
+// recompute_outputs: the part's outputs give their memory back once the consumer has run, get it
+// again (with the same values) before the consumer's backward pass, and every gradient is the
+// same bits as running part and consumer plainly.
+TEST(Recompute, DroppedOutputsComeBackBeforeTheirConsumersBackwardPass) {
+  torch::manual_seed(5);
+  Part part;
+  torch::nn::Linear consumer_weights(torch::nn::LinearOptions(6, 3).bias(false));
+  const torch::Tensor source = torch::randn({4, 5, 6});
+  const torch::Tensor upstream = torch::randn({4, 5, 3});
+
+  torch::Tensor x = source.clone().requires_grad_(true);
+  consumer_weights(part(x)).backward(upstream);
+  const torch::Tensor x_grad = x.grad().clone(), w_grad = part.first->weight.grad().clone(),
+                      c_grad = consumer_weights->weight.grad().clone();
+  for (torch::Tensor* grad : {&part.first->weight.mutable_grad(), &part.second->weight.mutable_grad(),
+                              &consumer_weights->weight.mutable_grad()})
+    grad->reset();
+
+  torch::Tensor y = source.clone().requires_grad_(true);
+  torch::Tensor kept_by_consumer;
+  std::vector<size_t> bytes_seen_in_backward;
+  const Tensors out = recompute_outputs([&](const Tensors& in) { return Tensors{part(in[0])}; }, {y},
+                                        [&](const Tensors& dropped) {
+                                          kept_by_consumer = dropped[0].detach();
+                                          return Tensors{consumer_weights(dropped[0])};
+                                        });
+  EXPECT_EQ(kept_by_consumer.storage().nbytes(), 0u) << "the part's output kept its memory";
+  out[0].register_hook([&](const torch::Tensor& grad) {
+    bytes_seen_in_backward.push_back(kept_by_consumer.storage().nbytes());
+    return grad;
+  });
+  out[0].backward(upstream);
+  EXPECT_TRUE(torch::equal(y.grad(), x_grad));
+  EXPECT_TRUE(torch::equal(part.first->weight.grad(), w_grad));
+  EXPECT_TRUE(torch::equal(consumer_weights->weight.grad(), c_grad));
+  ASSERT_EQ(bytes_seen_in_backward.size(), 1u);
+  EXPECT_EQ(bytes_seen_in_backward[0], 0u);  // the hook runs before the restoring node
+  EXPECT_EQ(kept_by_consumer.storage().nbytes(), static_cast<size_t>(4 * 5 * 6 * 4));  // refilled
+  EXPECT_TRUE(torch::equal(kept_by_consumer, part(source)));
+}

@@ -27,7 +27,8 @@ struct ActivationMemoryOptions {
 };
 
 // Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per
-// token when nothing is recomputed.
+// token when nothing is recomputed, or with options.recompute selective what that leaves (full
+// recomputation is step_activation_bytes's to count).
 double layer_activation_elements(const ModelConfig& model, int64_t layer, const ActivationMemoryOptions& options);
 
 // The peak bytes above the step's start on a stage holding `chunks` (its model chunks' slices).

@@ -6,6 +6,7 @@
 
 #include "dstrain/model/kv_cache.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/recompute.h"
 #include "dstrain/model/rope.h"
 
 namespace dstrain {
@@ -36,6 +37,8 @@ class AttentionImpl : public torch::nn::Module {
  private:
   // The one computation of both: without a cache the keys are x's own.
   torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
+  // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
+  torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   int64_t num_heads_, num_kv_heads_, head_dim_;
   torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };

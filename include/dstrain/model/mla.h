@@ -20,6 +20,7 @@
 
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/recompute.h"
 #include "dstrain/model/rope.h"
 
 namespace dstrain {
@@ -42,7 +43,11 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   struct Projected {
     torch::Tensor query, latent, k_rope;
   };
-  Projected project(const torch::Tensor& x, const RopeTables& rope);
+  // x → [the query's input to its up-projection (q_a_proj(x), or q_proj(x) itself), kv_a_proj(x)].
+  Tensors down_project(const torch::Tensor& x);
+  Projected up_project(const Tensors& down, const RopeTables& rope);
+  // Training: the latent expanded, [query, key, value] as attention takes them.
+  Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
   torch::nn::Linear q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};

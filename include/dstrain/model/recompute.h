@@ -1,7 +1,14 @@
 // Activation recomputation (train.recompute): a part of the forward pass that keeps only its input
 // and reruns itself inside the backward pass, trading compute for activation memory (Megatron's
 // full and selective recomputation; PyTorch's reentrant checkpoint). LibTorch's C++ API has no
-// such utility: recompute_in_backward is the autograd function that does it.
+// such utility: recompute_in_backward and recompute_outputs are the autograd functions that do it.
+//
+// full: each decoder layer keeps only its input (recompute_in_backward around the layer).
+// selective: DeepSeek-V3's choice, the cheap operations whose outputs are large: the RMSNorms
+// before attention and MLP, MLA's up-projections (with the latents' norms and the rotary
+// embedding) and the SwiGLU activation of every MLP and expert. Their outputs are dropped as soon
+// as the operation that uses them has run and computed again just before its backward pass
+// (recompute_outputs), so the backward pass runs as without recomputation, plus those reruns.
 //
 // The rerun computes bitwise what the first pass computed (the same operations on the same
 // values, on any device dstrain runs deterministically), so training gives the same numbers with
@@ -13,12 +20,13 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace dstrain {
 
-// none: every activation kept; full: each decoder layer keeps only its input.
-enum class Recompute { kNone, kFull };
-// "none" | "full"; throws Error(kUsage) naming train.recompute otherwise.
+// none: every activation kept; selective and full: see above.
+enum class Recompute { kNone, kSelective, kFull };
+// "none" | "selective" | "full"; throws Error(kUsage) naming train.recompute otherwise.
 Recompute recompute_named(const std::string& name);
 
 struct RecomputePlan {
@@ -33,7 +41,31 @@ struct RecomputePlan {
 torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
                                     const torch::Tensor& input);
 
+using Tensors = std::vector<torch::Tensor>;
+using TensorsFunction = std::function<Tensors(const Tensors&)>;
+
+// consumer(part(inputs)), keeping part's outputs only while consumer runs: their memory is given
+// back then, and refilled by rerunning part on its kept inputs just before consumer's backward
+// pass needs them (Megatron-Core's checkpoint without output). The gradients are bitwise those
+// without it. part's outputs must serve consumer alone. Without gradients, or when no input
+// needs one, just consumer(part(inputs)).
+Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer);
+
 // True on this thread while a part reruns inside the backward pass.
 bool recomputing();
+
+// Whether the modules of a decoder layer recompute selectively (train.recompute = selective):
+// on for this thread while a SelectiveRecompute(true) lives.
+bool selective_recompute();
+class SelectiveRecompute {
+ public:
+  explicit SelectiveRecompute(bool on);
+  ~SelectiveRecompute();
+  SelectiveRecompute(const SelectiveRecompute&) = delete;
+  SelectiveRecompute& operator=(const SelectiveRecompute&) = delete;
+
+ private:
+  bool outer_;
+};
 
 }  // namespace dstrain
