@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dstrain/core/error.h"
+#include "dstrain/optim/quantized_reduction.h"
 
 namespace dstrain {
 
@@ -37,14 +38,16 @@ GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<tor
   const torch::Device device = order.empty() ? torch::Device(torch::kCPU) : order.front().device();
 
   // Parameters into buckets of about bucket_bytes, then each bucket padded to a multiple of the
-  // DP size when it is reduce-scattered.
+  // DP size when it is reduce-scattered, or to DP whole chunks of blocks when it is quantized.
+  const bool quantized = reduction_.quantized.has_value() && dp > 1;
+  const int64_t multiple = quantized ? dp * kQuantizationBlock : sharded_ ? dp : 1;
   const int64_t bucket_elements = std::max<int64_t>(1, reduction_.bucket_bytes / 4);
   std::map<const void*, size_t> slot_of;  // by parameter identity
   int64_t offset = 0;
   auto close_bucket = [&] {
     if (buckets_.empty()) return;
     Bucket& last = buckets_.back();
-    if (sharded_) last.length += (dp - last.length % dp) % dp;
+    last.length += (multiple - last.length % multiple) % multiple;
     offset = last.start + last.length;
   };
   for (const torch::Tensor& p : order) {
@@ -63,6 +66,7 @@ GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<tor
   }
   close_bucket();
   flat_ = torch::zeros({offset}, torch::dtype(torch::kFloat32).device(device));
+  if (quantized && reduction_.error_feedback) residual_ = torch::zeros_like(flat_);
   for (Slot& slot : slots_) slot.view = flat_.narrow(0, slot.offset, slot.param.numel()).view(slot.param.sizes());
 
   for (const auto& [name, p] : params) {
@@ -126,7 +130,7 @@ void GradientBuffer::on_gradient(size_t index) {
     grad = torch::Tensor();  // the next backward pass hands over a fresh one
   }
   const bool averaging = reduction_.dp_group && reduction_.dp_group->size() > 1;
-  if (++slot.arrivals != reduction_.microbatches || !averaging || !reduction_.overlap) return;
+  if (++slot.arrivals != reduction_.microbatches || !averaging || !reduction_.overlap || reduction_.quantized) return;
   Bucket& bucket = buckets_[slot.bucket];
   // MPI is called from the thread that owns it only; elsewhere reduce() starts the bucket.
   const bool may_call = reduction_.dp_group->callable_from_any_thread() || std::this_thread::get_id() == owner_;
@@ -158,6 +162,9 @@ void GradientBuffer::launch(Bucket& bucket) {
   zero_unwritten(bucket);
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   bucket.wire = reduction_.wire_dtype == torch::kFloat32 ? region : region.to(reduction_.wire_dtype);
+  const int64_t dp = reduction_.dp_group->size();
+  const int64_t sent = (dp - 1) * (bucket.wire.nbytes() / dp);  // a reduce-scatter's, or an all-gather's
+  record_.bytes_sent += sharded_ ? sent : 2 * sent;
   if (!sharded_) {
     bucket.work = reduction_.dp_group->all_reduce_async(bucket.wire, ReduceOp::kAvg);
     return;
@@ -175,6 +182,13 @@ void GradientBuffer::reduce() {
     return;
   }
   const std::chrono::steady_clock::time_point backward_end = std::chrono::steady_clock::now();
+  if (reduction_.quantized) {
+    for (Bucket& b : buckets_) reduce_quantized(b);
+    next_launch_ = next_complete_ = buckets_.size();
+    record_times(backward_end);
+    apply_divisor();
+    return;
+  }
   // Buckets not started yet (no overlap, a parameter without a gradient this step, or hooks on
   // another thread with MPI), in buffer order; then every one completed in the same order.
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
@@ -194,24 +208,38 @@ void GradientBuffer::reduce() {
   apply_divisor();
 }
 
+void GradientBuffer::reduce_quantized(Bucket& bucket) {
+  bucket.started = std::chrono::steady_clock::now();
+  zero_unwritten(bucket);
+  torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
+  const torch::Tensor residual = residual_.defined() ? residual_.narrow(0, bucket.start, bucket.length) : torch::Tensor();
+  const torch::Tensor chunk =
+      quantized_reduce_scatter(*reduction_.dp_group, region, *reduction_.quantized, residual, &record_.bytes_sent);
+  if (sharded_)
+    flat_.narrow(0, shard_start(bucket), shard_length(bucket)).copy_(chunk);
+  else
+    all_gather_bf16(*reduction_.dp_group, region, chunk, &record_.bytes_sent);
+  bucket.completed = std::chrono::steady_clock::now();
+}
+
 void GradientBuffer::record_times(std::chrono::steady_clock::time_point backward_end) {
   using Seconds = std::chrono::duration<double>;
-  ++time_.steps;
+  ++record_.steps;
   if (buckets_.empty()) return;
   // Exposed: from the end of the backward pass until the last bucket was complete.
   auto last_complete = backward_end;
   for (const Bucket& b : buckets_) last_complete = std::max(last_complete, b.completed);
-  time_.exposed_s += Seconds(last_complete - backward_end).count();
+  record_.exposed_s += Seconds(last_complete - backward_end).count();
   // The union of the buckets' [started, completed] spans: they start in order and may overlap.
   auto span_start = buckets_.front().started, span_end = buckets_.front().completed;
   for (const Bucket& b : buckets_) {
     if (b.started > span_end) {
-      time_.in_flight_s += Seconds(span_end - span_start).count();
+      record_.in_flight_s += Seconds(span_end - span_start).count();
       span_start = b.started;
     }
     span_end = std::max(span_end, b.completed);
   }
-  time_.in_flight_s += Seconds(span_end - span_start).count();
+  record_.in_flight_s += Seconds(span_end - span_start).count();
 }
 
 void GradientBuffer::apply_divisor() {

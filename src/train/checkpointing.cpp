@@ -38,9 +38,9 @@ std::string global_batch_arguments(uint64_t global_batch, const std::map<std::st
   return arguments + " --train.micro_batch " + std::to_string(fitting);
 }
 
-}  // namespace
-
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads) {
+// The parameters and optimizer state, experts written by their first holder.
+CheckpointContents model_and_optimizer_contents(const NamedTensors& params, const AdamW& optimizer,
+                                                ModelGradients& grads) {
   if (!grads.experts()) return checkpoint_contents(params, state_views(optimizer), grads.replicated().sharded());
   NamedTensors replicated_params, expert_params;
   for (const auto& named : params) (is_routed_expert_parameter(named.first) ? expert_params : replicated_params).push_back(named);
@@ -54,6 +54,29 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& 
     for (const auto& [name, tensor] : experts.replicated) contents.owned.push_back({name, tensor, tensor.sizes().vec(), 0});
   contents.owned.insert(contents.owned.end(), experts.owned.begin(), experts.owned.end());
   return contents;
+}
+
+}  // namespace
+
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads) {
+  CheckpointContents contents = model_and_optimizer_contents(params, optimizer, grads);
+  // Each rank's carried quantization error (8-bit gradients with error feedback), by itself.
+  for (const auto& [name, tensor] : grads.error_feedback()) contents.owned.push_back({name, tensor, tensor.sizes().vec(), 0});
+  return contents;
+}
+
+void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout) {
+  for (auto& [name, carried] : grads.error_feedback()) {
+    const CheckpointReader::DatasetInfo* stored = same_layout ? reader.find(name) : nullptr;
+    if (stored == nullptr) {
+      if (name.find("rank_00000") != std::string::npos)
+        log::info("comm.error_feedback: ", reader.path(), same_layout ? " has no carried quantization error"
+                                                                       : " was written on another layout",
+                  "; the error carried over starts from zero");
+      continue;
+    }
+    carried.copy_(reader.read(name).to(carried.device()).view_as(carried));
+  }
 }
 
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {

@@ -1,5 +1,7 @@
 #include "dstrain/train/model_gradients.h"
 
+#include <cstdio>
+
 #include <set>
 
 #include "dstrain/model/moe.h"
@@ -85,13 +87,25 @@ void ModelGradients::gather_parameters() {
   if (experts_) experts_->gather_parameters();
 }
 
-CommunicationTime ModelGradients::communication_time() const {
-  CommunicationTime total = replicated_->communication_time();
+CommunicationRecord ModelGradients::communication() const {
+  CommunicationRecord total = replicated_->communication();
   if (experts_) {
-    total.exposed_s += experts_->communication_time().exposed_s;
-    total.in_flight_s += experts_->communication_time().in_flight_s;
+    total.exposed_s += experts_->communication().exposed_s;
+    total.in_flight_s += experts_->communication().in_flight_s;
+    total.bytes_sent += experts_->communication().bytes_sent;
   }
   return total;
+}
+
+NamedTensors ModelGradients::error_feedback() {
+  char rank[32];
+  std::snprintf(rank, sizeof rank, "rank_%05d", parallel_.world_rank);
+  NamedTensors carried;
+  if (replicated_->error_feedback().defined())
+    carried.emplace_back(std::string("comm/error_feedback/replicated/") + rank, replicated_->error_feedback());
+  if (experts_ && experts_->error_feedback().defined())
+    carried.emplace_back(std::string("comm/error_feedback/experts/") + rank, experts_->error_feedback());
+  return carried;
 }
 
 bool ModelGradients::writes_experts() const { return !experts_ || parallel_.expert_dp_group->rank() == 0; }

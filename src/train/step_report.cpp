@@ -44,6 +44,11 @@ std::string optional_fields_text(const nlohmann::json& r) {
                   1000 * r["dp_comm_exposed_s"].get<double>());
     text += part;
   }
+  if (r.contains("dp_comm_bytes")) {
+    std::snprintf(part, sizeof part, "%s%.2f MB sent", r.contains("dp_comm_s") ? ", " : " | DP comm ",
+                  r["dp_comm_bytes"].get<double>() / 1e6);
+    text += part;
+  }
   if (r.contains("loss_scale")) {
     std::snprintf(part, sizeof part, " | scale %.0f, %lld skipped", r["loss_scale"].get<double>(),
                   static_cast<long long>(r["skipped_steps"].get<int64_t>()));
@@ -195,17 +200,23 @@ StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, P
   };
 }
 
-StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel) {
-  auto last = std::make_shared<CommunicationTime>(grads.communication_time());
-  return [&grads, &parallel, last](nlohmann::json& record) {
-    const CommunicationTime now = grads.communication_time();
+StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel,
+                                                 bool host_clocks) {
+  auto last = std::make_shared<CommunicationRecord>(grads.communication());
+  return [&grads, &parallel, last, host_clocks](nlohmann::json& record) {
+    const CommunicationRecord now = grads.communication();
     const double steps = static_cast<double>(std::max<int64_t>(1, now.steps - last->steps));
-    torch::Tensor seconds = torch::tensor({(now.in_flight_s - last->in_flight_s) / steps,
-                                           (now.exposed_s - last->exposed_s) / steps}, torch::kFloat64);
+    torch::Tensor per_step = torch::tensor({(now.in_flight_s - last->in_flight_s) / steps,
+                                            (now.exposed_s - last->exposed_s) / steps,
+                                            static_cast<double>(now.bytes_sent - last->bytes_sent) / steps},
+                                           torch::kFloat64);
     *last = now;
-    parallel.world->all_reduce(seconds, ReduceOp::kAvg);
-    record["dp_comm_s"] = seconds[0].item<double>();
-    record["dp_comm_exposed_s"] = seconds[1].item<double>();
+    parallel.world->all_reduce(per_step, ReduceOp::kAvg);
+    if (host_clocks) {
+      record["dp_comm_s"] = per_step[0].item<double>();
+      record["dp_comm_exposed_s"] = per_step[1].item<double>();
+    }
+    record["dp_comm_bytes"] = per_step[2].item<double>();
   };
 }
 

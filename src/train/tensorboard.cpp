@@ -29,6 +29,7 @@ std::string tensorboard_tag(const std::string& key) {
       {"expert_exchange_share", "perf/expert_exchange_share"},
       {"dp_comm_s", "perf/dp_comm_s"},
       {"dp_comm_exposed_s", "perf/dp_comm_exposed_s"},
+      {"dp_comm_bytes", "perf/dp_comm_bytes"},
       {"balance_loss", "moe/balance_loss"},
   };
   if (key == "step") return "";

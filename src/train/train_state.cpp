@@ -100,10 +100,12 @@ void TrainState::resume_from(const std::string& path) {
   parts_.grads->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (parts_.loss_scaler && state.loss_scale > 0)
     parts_.loss_scaler->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);
-  // The generator states go back where they came from when the layout is the same.
+  // The generator states and carried quantization errors go back where they came from when the
+  // layout is the same.
   const RankGrid& grid = parallel_.grid;
   const bool same_layout = state.world_size == static_cast<uint64_t>(grid.world()) &&
                            state.dp == static_cast<uint64_t>(grid.dp()) && state.pp == static_cast<uint64_t>(grid.pp());
+  restore_error_feedback(reader, *parts_.grads, same_layout);
   if (same_layout) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
     std::lock_guard<std::mutex> lock(generator.mutex());

@@ -45,6 +45,24 @@ void check_vocabulary(const ModelConfig& model, const std::vector<std::shared_pt
                              ")");
 }
 
+// How the data-parallel group averages gradients (comm.*): 8-bit formats quantized in blocks,
+// the others as a dtype on the wire.
+GradientReduction gradient_reduction(const TrainConfig& c) {
+  GradientReduction reduction;
+  reduction.bucket_bytes = static_cast<int64_t>(c.comm.bucket_mb * (1 << 20));
+  reduction.overlap = c.comm.overlap;
+  reduction.microbatches = c.loop.grad_accum;
+  reduction.shard = c.optim.zero == 1;
+  if (c.comm.grad_dtype == "int8")
+    reduction.quantized = BlockFormat::kInt8;
+  else if (c.comm.grad_dtype == "fp8")
+    reduction.quantized = BlockFormat::kFp8E4M3;
+  else
+    reduction.wire_dtype = dtype_named(c.comm.grad_dtype);
+  reduction.error_feedback = c.comm.error_feedback;
+  return reduction;
+}
+
 class Trainer {
  public:
   // `resume`: the checkpoint to continue from ("": start afresh), the same on every rank;
@@ -104,9 +122,7 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
       if (p.requires_grad()) use_order.push_back(p);
   grads_ = std::make_unique<ModelGradients>(
       trainable, use_order,
-      GradientReduction{nullptr, dtype_named(c.comm.grad_dtype), static_cast<int64_t>(c.comm.bucket_mb * (1 << 20)),
-                        c.comm.overlap, c.loop.grad_accum, /*shard=*/c.optim.zero == 1},
-      parallel_);
+      gradient_reduction(c), parallel_);
   optimizer_ = std::make_unique<AdamW>(
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
@@ -137,8 +153,9 @@ void Trainer::open_run_directory() {
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
   if (parallel_.ep > 1)
     report_->add_field_source(expert_exchange_field(*stage_.model, parallel_, state_->start_step()));
-  if (parallel_.grid.dp() > 1 && parallel_.dp_group->backend() == "mpi")
-    report_->add_field_source(data_parallel_comm_field(*grads_, parallel_));
+  if (parallel_.grid.dp() > 1)  // times by host clocks: MPI's; NCCL's run on their own stream
+    report_->add_field_source(
+        data_parallel_comm_field(*grads_, parallel_, /*host_clocks=*/parallel_.dp_group->backend() == "mpi"));
   report_->add_field_source(guards_.loss_scale_fields());
   report_->add_sink(std::make_unique<ConsoleSink>(state_->start_step(), config_.loop.steps));
   // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run

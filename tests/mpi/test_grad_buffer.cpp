@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "dstrain/dist/mpi_communicator.h"
 #include "dstrain/optim/adamw.h"
+#include "dstrain/optim/block_quantization.h"
 #include "dstrain/optim/grad_buffer.h"
 
 using namespace dstrain;
@@ -205,4 +208,122 @@ TEST(GradientBuffer, ShardedAdamWEqualsTheWholeUpdate) {
     EXPECT_EQ(bytes.item<int64_t>(), whole_adam.state_bytes());
     EXPECT_LT(sharded_adam.state_bytes(), whole_adam.state_bytes() / dp.size() + whole_adam.state_bytes() / 6);
   }
+}
+
+namespace {
+
+// Every rank's gradient for the quantized tests below, known to every rank.
+torch::Tensor gradient_of(int rank, int64_t length) {
+  torch::manual_seed(100 + rank);
+  torch::Tensor g = torch::randn({length}, torch::kFloat64) * (rank + 1);
+  g.narrow(0, 0, 256).zero_();  // a block of zeros
+  g[300] = 1e4;                 // a block with one large value
+  return g.to(torch::kFloat32).to(torch::kFloat64);
+}
+
+// The most a value of `g`'s blocks (of 256, zero-padded to `padded`) can be off after 8-bit
+// quantization: half a step of the block's scale for int8, and for E4M3 a 16th of the value
+// (3 mantissa bits) or, in its subnormal range, half its smallest step.
+torch::Tensor quantization_bound(const torch::Tensor& g, int64_t padded, BlockFormat format) {
+  torch::Tensor blocks = torch::zeros({padded}, torch::kFloat64);
+  blocks.narrow(0, 0, g.numel()).copy_(g);
+  blocks = blocks.view({-1, kQuantizationBlock});
+  const torch::Tensor largest = blocks.abs().amax(1, true);
+  torch::Tensor bound = format == BlockFormat::kInt8 ? (largest / 127 / 2).expand_as(blocks)
+                                                     : blocks.abs() / 16 + largest / 448 * std::pow(2.0, -10);
+  return bound.reshape({-1}).narrow(0, 0, g.numel());
+}
+
+}  // namespace
+
+// 8-bit gradients (comm.grad_dtype = int8, fp8): the average is the exact one (fp64, from every
+// rank's gradient) within the quantization's bound, plus bf16's rounding where the averaged
+// chunks are all-gathered; every rank holds the same values; the bytes sent are the all-to-all's
+// 8-bit codes and fp32 scales (and the bf16 all-gather's).
+TEST(GradientBuffer, QuantizedAverageIsWithinItsErrorBound) {
+  MpiCommunicator dp(MPI_COMM_WORLD);
+  const int64_t n = dp.size(), length = 3000;
+  const int64_t padded = (length + n * kQuantizationBlock - 1) / (n * kQuantizationBlock) * (n * kQuantizationBlock);
+  const int64_t chunk = padded / n;
+  for (BlockFormat format : {BlockFormat::kInt8, BlockFormat::kFp8E4M3}) {
+    torch::Tensor exact = torch::zeros({length}, torch::kFloat64), bound = torch::zeros({length}, torch::kFloat64);
+    for (int q = 0; q < n; ++q) {
+      exact += gradient_of(q, length) / n;
+      bound += quantization_bound(gradient_of(q, length), padded, format) / n;
+    }
+    for (bool shard : {false, true}) {
+      SCOPED_TRACE(std::string(format == BlockFormat::kInt8 ? "int8" : "fp8") + (shard ? ", sharded" : ""));
+      torch::Tensor w = torch::zeros({length}, torch::kFloat32).set_requires_grad(true);
+      GradientReduction reduction{&dp, torch::kFloat32, int64_t{1} << 30, false, 1, shard};
+      reduction.quantized = format;
+      GradientBuffer buffer({{"w", w}}, {w}, reduction);
+      buffer.zero();
+      (w * gradient_of(dp.rank(), length).to(torch::kFloat32)).sum().backward();
+      buffer.reduce();
+      const torch::Tensor got = buffer.flat().narrow(0, 0, length).to(torch::kFloat64);
+      // Where this rank holds the average: all of it, or sharded its chunk.
+      const int64_t from = shard ? dp.rank() * chunk : 0, to = shard ? std::min(length, from + chunk) : length;
+      const torch::Tensor error = (got - exact).abs().narrow(0, from, to - from);
+      const torch::Tensor allowed = (bound * 1.01 + (shard ? 0.0 : 1.0) * exact.abs() / 256 + 1e-6).narrow(0, from, to - from);
+      EXPECT_TRUE((error <= allowed).all().item<bool>())
+          << "worst excess " << (error - allowed).max().item<double>() << " on rank " << dp.rank();
+      EXPECT_TRUE(torch::equal(got.narrow(0, 0, 256), torch::zeros({256}, torch::kFloat64)));  // zeros stay exact
+      if (!shard) {
+        torch::Tensor everyone = torch::empty({n * length}, torch::kFloat32);
+        dp.all_gather(everyone, buffer.flat().narrow(0, 0, length).contiguous());
+        for (int64_t q = 1; q < n; ++q)
+          EXPECT_TRUE(torch::equal(everyone.narrow(0, 0, length), everyone.narrow(0, q * length, length)));
+      }
+      const int64_t sent = (n - 1) * (chunk + chunk / kQuantizationBlock * 4) + (shard ? 0 : (n - 1) * chunk * 2);
+      EXPECT_EQ(buffer.communication().bytes_sent, sent);
+    }
+  }
+}
+
+// Non-finite gradients are not hidden by the quantization: the block holding one comes back
+// NaN, so the step's norm is not finite and the step stops as without it.
+TEST(GradientBuffer, QuantizedInfinityComesBackNotFinite) {
+  MpiCommunicator dp(MPI_COMM_WORLD);
+  torch::Tensor w = torch::zeros({1024}, torch::kFloat32).set_requires_grad(true);
+  GradientReduction reduction{&dp, torch::kFloat32, int64_t{1} << 30, false, 1, false};
+  reduction.quantized = BlockFormat::kInt8;
+  GradientBuffer buffer({{"w", w}}, {w}, reduction);
+  buffer.zero();
+  torch::Tensor g = torch::ones({1024});
+  if (dp.rank() == 0) g[700] = std::numeric_limits<float>::infinity();
+  (w * g).sum().backward();
+  buffer.reduce();
+  EXPECT_FALSE(torch::isfinite(buffer.flat().norm()).item<bool>());
+  EXPECT_TRUE(torch::isfinite(buffer.flat().narrow(0, 0, 512)).all().item<bool>());  // other blocks as they were
+}
+
+// Error feedback: what quantizing lost is sent with the next step's gradient, so over K steps of
+// the same gradient the mean of the averages is within 1/K of the quantization bound of exact.
+TEST(GradientBuffer, ErrorFeedbackCarriesTheQuantizationErrorOver) {
+  MpiCommunicator dp(MPI_COMM_WORLD);
+  const int64_t n = dp.size(), length = 3000, steps = 8;
+  const int64_t padded = (length + n * kQuantizationBlock - 1) / (n * kQuantizationBlock) * (n * kQuantizationBlock);
+  const int64_t chunk = padded / n;
+  torch::Tensor exact = torch::zeros({length}, torch::kFloat64), bound = torch::zeros({length}, torch::kFloat64);
+  for (int q = 0; q < n; ++q) {
+    exact += gradient_of(q, length) / n;
+    bound += quantization_bound(gradient_of(q, length), padded, BlockFormat::kInt8) / n;
+  }
+  torch::Tensor w = torch::zeros({length}, torch::kFloat32).set_requires_grad(true);
+  GradientReduction reduction{&dp, torch::kFloat32, int64_t{1} << 30, false, 1, /*shard=*/true};
+  reduction.quantized = BlockFormat::kInt8;
+  reduction.error_feedback = true;
+  GradientBuffer buffer({{"w", w}}, {w}, reduction);
+  ASSERT_TRUE(buffer.error_feedback().defined());
+  torch::Tensor mean = torch::zeros({length}, torch::kFloat64);
+  for (int64_t step = 0; step < steps; ++step) {
+    buffer.zero();
+    (w * gradient_of(dp.rank(), length).to(torch::kFloat32)).sum().backward();
+    buffer.reduce();
+    mean += buffer.flat().narrow(0, 0, length).to(torch::kFloat64) / steps;
+  }
+  const int64_t from = dp.rank() * chunk, to = std::min(length, from + chunk);
+  const torch::Tensor error = (mean - exact).abs().narrow(0, from, to - from);
+  const torch::Tensor allowed = (bound / steps * 1.01 + 1e-5).narrow(0, from, to - from);
+  EXPECT_TRUE((error <= allowed).all().item<bool>()) << "worst excess " << (error - allowed).max().item<double>();
 }

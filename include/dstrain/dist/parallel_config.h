@@ -25,7 +25,8 @@ struct ParallelConfig {
 
 struct CommConfig {
   std::string backend = "auto";     // auto | mpi | nccl
-  std::string grad_dtype = "fp32";  // dtype gradients are reduced in: fp32 | bf16 | fp16
+  std::string grad_dtype = "fp32";  // dtype gradients are reduced in: fp32 | bf16 | fp16 | int8 | fp8
+  bool error_feedback = false;      // int8/fp8: each rank carries its quantization error over
   double timeout_s = 600;
   double bucket_mb = 25;            // gradient buckets of the data-parallel average
   bool overlap = true;              // buckets start during the backward pass

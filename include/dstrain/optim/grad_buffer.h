@@ -17,6 +17,10 @@
 // MPI calls, so each later arrival also asks the buckets under way whether they are done
 // (Work::ready), which keeps them going while the backward pass computes.
 //
+// 8-bit gradients (`quantized`): each bucket, padded to dp whole chunks of quantization blocks,
+// is averaged by quantized_reduction.h after the backward pass (not overlapped with it), with
+// `error_feedback` carrying each rank's quantization error into its next step's gradient.
+//
 // ZeRO-1 (`shard`): each bucket is padded to a multiple of the DP size and reduce-scattered, so
 // that DP rank r ends with the average of the r-th 1/dp of every bucket only: its shard. The
 // optimizer updates just the parameters' elements in the shard (shards()), and
@@ -29,12 +33,14 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "dstrain/dist/communicator.h"
+#include "dstrain/optim/block_quantization.h"
 #include "dstrain/optim/parameter_shard.h"
 
 namespace dstrain {
@@ -51,13 +57,18 @@ struct GradientReduction {
   // The sum over the group is divided by this; 0: by the group's size (an average). Expert
   // parallelism's experts sum the gradients of more ranks' tokens than their group has members.
   int64_t divide_sum_by = 0;
+  std::optional<BlockFormat> quantized;  // 8-bit values on the wire instead of wire_dtype
+  bool error_feedback = false;           // quantized: carry each rank's error to its next step
 };
 
-// Where a step's data-parallel reduction spent its time, summed over the steps so far (host
-// clocks: the MPI backend's; NCCL's work runs on its own stream and is not seen here).
-struct CommunicationTime {
+// What a step's data-parallel reduction cost, summed over the steps so far. Times by host clocks
+// (the MPI backend's; NCCL's work runs on its own stream and is not seen here); bytes as this
+// rank hands them to the collectives (an all-reduce counted as a ring's reduce-scatter and
+// all-gather, 2 (dp - 1) / dp of the buffer).
+struct CommunicationRecord {
   double exposed_s = 0;    // from the end of the backward pass until the last bucket was complete
   double in_flight_s = 0;  // with a bucket under way, from its start until it was seen complete
+  int64_t bytes_sent = 0;
   int64_t steps = 0;
 };
 
@@ -81,7 +92,10 @@ class GradientBuffer {
   const std::vector<torch::Tensor>& grads() const { return views_; }
   size_t buckets() const { return buckets_.size(); }
   // Nothing is measured without a group to average over.
-  const CommunicationTime& communication_time() const { return time_; }
+  const CommunicationRecord& communication() const { return record_; }
+  // Quantized with error feedback: this rank's carried quantization error, one value per element
+  // of flat() (checkpointed, so that a resumed run goes on with it); else undefined.
+  torch::Tensor& error_feedback() { return residual_; }
 
   bool sharded() const { return sharded_; }
   // The DP ranks holding the other shards (sharded only; else nullptr).
@@ -115,6 +129,7 @@ class GradientBuffer {
   friend class GradientArrivalHook;
   void on_gradient(size_t slot);  // after the parameter's gradient accumulator has run
   void launch(Bucket& bucket);
+  void reduce_quantized(Bucket& bucket);
   void poll_started();  // notes the buckets under way that have completed, in order
   void record_times(std::chrono::steady_clock::time_point backward_end);
   void apply_divisor();  // divide_sum_by, where it is not the group's size
@@ -138,7 +153,8 @@ class GradientBuffer {
   std::vector<ShardPlace> shard_places_;  // where each of shards_ lies in the buffer
   size_t next_launch_ = 0;    // buckets before it have started this step
   size_t next_complete_ = 0;  // buckets before it were seen complete this step
-  CommunicationTime time_;
+  CommunicationRecord record_;
+  torch::Tensor residual_;  // see error_feedback()
   std::vector<std::shared_ptr<void>> accumulators_;  // the autograd nodes the hooks live on
   std::mutex mutex_;                                 // hooks may run on autograd's threads
   std::thread::id owner_;

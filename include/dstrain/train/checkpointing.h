@@ -19,6 +19,9 @@ namespace dstrain {
 // held by fewer ranks, by the first of their holders (or, under ZeRO-1, their optimizer state by
 // each holder for its shard).
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads);
+// Each rank's carried quantization error (comm.error_feedback) back from `reader`, when it was
+// written on this layout; otherwise it starts from zero, and rank 0 says so.
+void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout);
 
 struct ResumeExpectations {
   std::string model_shape;  // model_shape_text of the run's model

@@ -31,8 +31,11 @@ class ModelGradients {
   std::vector<torch::Tensor> shard_grads() const;
   void gather_parameters();  // ZeRO-1: the updated shards to every holder
 
-  // The data-parallel reductions' time so far, of every buffer.
-  CommunicationTime communication_time() const;
+  // The data-parallel reductions' time and bytes so far, of every buffer.
+  CommunicationRecord communication() const;
+  // 8-bit gradients with error feedback: this rank's carried quantization errors, by the names
+  // checkpoints keep them under (comm/error_feedback/..., one per world rank); else none.
+  NamedTensors error_feedback();
 
   GradientBuffer& replicated() { return *replicated_; }
   // Expert parallelism's routed experts; nullptr without it.

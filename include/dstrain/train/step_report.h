@@ -120,9 +120,11 @@ StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing);
 // `start_step`: the step the run continues after.
 StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, ParallelContext& parallel,
                                               int64_t start_step);
-// The MPI backend's data-parallel gradient reduction, per step of the interval and averaged over
-// every rank (collective): the time a bucket was under way, and the part the step waited for
-// after its backward pass (what overlap did not hide).
-StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel);
+// The data-parallel gradient reduction, per step of the interval and averaged over every rank
+// (collective): the bytes a rank sent, and with `host_clocks` (the MPI backend) the time a bucket
+// was under way and the part the step waited for after its backward pass (what overlap did not
+// hide).
+StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel,
+                                                 bool host_clocks);
 
 }  // namespace dstrain
