@@ -74,3 +74,18 @@ TEST(BlockQuantization, NonFiniteValuesMakeTheirBlockNaN) {
     }
   }
 }
+
+// The host loop (int8 on the CPU) and the tensor operations (what GPUs run) give the same codes,
+// scales and values.
+TEST(BlockQuantization, TheHostLoopAndTheTensorOperationsAgree) {
+  torch::manual_seed(2);
+  torch::Tensor values = torch::randn({8 * kQuantizationBlock}) * torch::pow(10.0, torch::linspace(-6, 3, 8 * kQuantizationBlock));
+  values.narrow(0, 0, kQuantizationBlock).zero_();
+  values[3 * kQuantizationBlock + 7] = std::numeric_limits<float>::infinity();
+  const QuantizedBlocks loop = quantize_blocks(values, BlockFormat::kInt8);
+  const QuantizedBlocks ops = quantize_blocks_with_tensor_ops(values, BlockFormat::kInt8);
+  EXPECT_TRUE(torch::equal(loop.codes, ops.codes));
+  EXPECT_TRUE(torch::allclose(loop.scales, ops.scales, 0, 0, /*equal_nan=*/true));
+  EXPECT_TRUE(torch::allclose(dequantize_blocks(loop, BlockFormat::kInt8),
+                              dequantize_blocks_with_tensor_ops(ops, BlockFormat::kInt8), 0, 0, /*equal_nan=*/true));
+}

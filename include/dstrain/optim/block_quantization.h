@@ -22,8 +22,12 @@ struct QuantizedBlocks {
   torch::Tensor scales;  // fp32 [n / kQuantizationBlock]
 };
 
-// `values`: fp32, 1-D, a multiple of kQuantizationBlock long.
+// `values`: fp32, 1-D, a multiple of kQuantizationBlock long. int8 on the CPU runs one loop per
+// block; elsewhere, and for fp8, tensor operations (which GPUs run; exposed so that tests compare
+// the two).
 QuantizedBlocks quantize_blocks(const torch::Tensor& values, BlockFormat format);
 torch::Tensor dequantize_blocks(const QuantizedBlocks& blocks, BlockFormat format);  // fp32 [n]
+QuantizedBlocks quantize_blocks_with_tensor_ops(const torch::Tensor& values, BlockFormat format);
+torch::Tensor dequantize_blocks_with_tensor_ops(const QuantizedBlocks& blocks, BlockFormat format);
 
 }  // namespace dstrain
