@@ -6,6 +6,7 @@
 
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dstrain/core/files.h"
@@ -69,7 +70,10 @@ TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
 class FullDiskRanks : public ::testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(FullDiskRanks, AWriteThatDoesNotFitEndsEveryRankCleanly) {
-  const std::string dir = scratch_dir("full-disk-ranks");
+  // A directory per layout: ctest runs them side by side.
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '-');
+  const std::string dir = scratch_dir("full-disk-ranks-" + name);
   TinyFileSystem disk(dir, 80);
   if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
   std::vector<std::string> args = {"--train.steps", "6", "--comm.timeout_s", "20"};
