@@ -91,3 +91,11 @@ TEST(QuantizedGradients, ErrorFeedbackWithoutQuantizationIsRefused) {
   EXPECT_NE(run.output.find("comm.error_feedback"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("comm.grad_dtype = fp32"), std::string::npos) << run.output;
 }
+
+// A gradient that is not finite stays so through the quantization: the step stops the run as it
+// does in fp32 (exit code 6), with the last good checkpoint.
+TEST(QuantizedGradients, ANonFiniteGradientStopsTheRun) {
+  RunOutput run = train_tiny(2, scratch_dir("quantized-nan"), {"--train.steps", "6", "--comm.grad_dtype", "int8",
+                                                               "--debug.fail_at_step", "3", "--debug.fail_mode", "nan"});
+  EXPECT_EQ(run.exit_code, 6) << run.output;
+}
