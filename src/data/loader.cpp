@@ -22,14 +22,14 @@ std::vector<uint64_t> samples_per_corpus(const Mixture& mixture, uint64_t seq_le
 }  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
-                       uint64_t start_step)
-    : DataLoader(Mixture{{std::move(corpus)}, {1.0}}, options, start_step) {}
+                       uint64_t start_sample)
+    : DataLoader(Mixture{{std::move(corpus)}, {1.0}}, options, start_sample) {}
 
-DataLoader::DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_step)
+DataLoader::DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_sample)
     : mixture_(mixture),
       options_(options),
       sampler_(samples_per_corpus(mixture, options.seq_len), mixture.weights, options.seed, options.shuffle),
-      start_step_(start_step) {
+      consumed_(start_sample) {
   const uint64_t global_batch = options_.layout.global_batch();
   const std::vector<uint64_t> samples = samples_per_corpus(mixture_, options_.seq_len);
   for (size_t c = 0; c < samples.size(); ++c) {
@@ -54,14 +54,18 @@ DataLoader::~DataLoader() {
   if (thread_.joinable()) thread_.join();
 }
 
-torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
+uint64_t DataLoader::global_batch_after(uint64_t consumed) const {
+  return options_.global_batch_after ? options_.global_batch_after(consumed) : options_.layout.global_batch();
+}
+
+torch::Tensor DataLoader::read_micro_batch(uint64_t first, uint64_t accum, uint64_t micro) {
   const uint64_t rows = options_.layout.micro_batch, width = options_.seq_len + 1;
   std::vector<uint32_t> tokens(width);
   torch::Tensor batch = torch::empty({static_cast<int64_t>(rows), static_cast<int64_t>(width)},
                                      torch::dtype(torch::kInt64).pinned_memory(options_.pinned_for_gpu >= 0));
   int64_t* out = batch.data_ptr<int64_t>();
   for (uint64_t row = 0; row < rows; ++row) {
-    const MixedSampler::Pick pick = sampler_.pick(options_.layout.position(step, micro, row));
+    const MixedSampler::Pick pick = sampler_.pick(options_.layout.position_in(first, accum, micro, row));
     const CorpusReader& corpus = *mixture_.corpora[pick.corpus];
     uint64_t offset = pick.sample * options_.seq_len;
     corpus.read(offset, width, tokens.data());
@@ -78,7 +82,8 @@ torch::Tensor DataLoader::read_micro_batch(uint64_t step, uint64_t micro) {
 }
 
 void DataLoader::prefetch_loop() {
-  const uint64_t grad_accum = options_.layout.grad_accum;
+  const uint64_t per_micro = options_.layout.micro_batch * options_.layout.dp_size;
+  uint64_t first = consumed_, accum = global_batch_after(first) / per_micro, micro = 0;
   for (uint64_t produced = 0;; ++produced) {
     torch::Tensor batch;
     try {
@@ -86,7 +91,12 @@ void DataLoader::prefetch_loop() {
       // (it queries the events of earlier copies): without this, every rank of a node would open
       // a context on GPU 0, ~0.5 GiB each.
       if (produced == 0 && options_.pinned_for_gpu >= 0) accel::set_current_device(options_.pinned_for_gpu);
-      batch = read_micro_batch(start_step_ + produced / grad_accum, produced % grad_accum);
+      batch = read_micro_batch(first, accum, micro);
+      if (++micro == accum) {  // on to the next step, whose batch follows from the samples before it
+        first += accum * per_micro;
+        accum = global_batch_after(first) / per_micro;
+        micro = 0;
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       failure_ = std::current_exception();
@@ -107,13 +117,15 @@ torch::Tensor DataLoader::next() {
   if (ready_.empty()) std::rethrow_exception(failure_);
   torch::Tensor batch = std::move(ready_.front());
   ready_.pop_front();
-  ++taken_;
+  const uint64_t step_batch = global_batch_after(consumed_);
+  if (++taken_in_step_ * options_.layout.micro_batch * options_.layout.dp_size == step_batch) {
+    consumed_ += step_batch;
+    taken_in_step_ = 0;
+  }
   changed_.notify_all();
   return batch;
 }
 
-uint64_t DataLoader::consumed_samples() const {
-  return (start_step_ + taken_ / options_.layout.grad_accum) * options_.layout.global_batch();
-}
+uint64_t DataLoader::consumed_samples() const { return consumed_; }
 
 }  // namespace dstrain

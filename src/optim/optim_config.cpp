@@ -10,6 +10,9 @@ void add_optim_options(OptionTable& t) {
   t.add("optim.warmup_steps", OptionKind::kInt, "0", "steps of linear warmup to optim.lr (step s trains at optim.lr × s / warmup_steps)");
   t.add("optim.decay_steps", OptionKind::kInt, "0",
         "step at which the cosine decay reaches min_lr (0: train.steps)");
+  t.add("optim.schedule_unit", OptionKind::kString, "steps",
+        "what optim.warmup_steps and optim.decay_steps count: steps, or tokens in steps of train.global_batch × "
+        "train.seq_len (with train.batch_rampup, whose early steps are smaller)");
   t.add("optim.beta1", OptionKind::kFloat, "0.9", "AdamW first-moment decay");
   t.add("optim.beta2", OptionKind::kFloat, "0.95", "AdamW second-moment decay");
   t.add("optim.eps", OptionKind::kFloat, "1e-8", "AdamW epsilon");
@@ -34,6 +37,7 @@ OptimConfig read_optim_config(const Options& o) {
   c.min_lr = o.get_float("optim.min_lr", 0.0, 10.0);
   c.warmup_steps = o.get_int("optim.warmup_steps", 0);
   c.decay_steps = o.get_int("optim.decay_steps", 0);
+  c.schedule_unit = o.get_choice("optim.schedule_unit", {"steps", "tokens"});
   c.beta1 = o.get_float("optim.beta1", 0.0, 0.999999);
   c.beta2 = o.get_float("optim.beta2", 0.0, 0.999999);
   c.eps = o.get_float("optim.eps", 0.0, 1.0);

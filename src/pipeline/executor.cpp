@@ -9,6 +9,11 @@ PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, Pip
     : train_(std::move(train)), eval_(std::move(eval)), stage_(stage), model_(model), pp_group_(pp_group),
       shape_(shape), activation_width_(model.activation_width()) {}
 
+void PipelineExecutor::set_microbatches(int microbatches) {
+  if (microbatches != train_.microbatches)
+    train_ = make_schedule(train_.kind, train_.pp, train_.virtual_stages, microbatches);
+}
+
 bool PipelineExecutor::has_loss() const {
   return train_.virtual_stage(stage_, train_.virtual_stages - 1) == train_.last_virtual_stage();
 }

@@ -22,22 +22,6 @@ std::vector<OptimizerStateView> state_views(const AdamW& optimizer) {
   return views;
 }
 
-// The options that give `global_batch` on this run's layout: the global batch, and a smaller
-// micro-batch where this one does not divide its share of each data-parallel rank.
-std::string global_batch_arguments(uint64_t global_batch, const std::map<std::string, std::string>& config) {
-  std::string arguments = "--train.global_batch " + std::to_string(global_batch);
-  const auto micro_text = config.find("train.micro_batch"), dp_text = config.find("parallel.dp");
-  if (micro_text == config.end() || dp_text == config.end()) return arguments;
-  const uint64_t micro = std::stoull(micro_text->second), dp = std::stoull(dp_text->second);
-  if (micro == 0 || dp == 0 || global_batch % (micro * dp) == 0) return arguments;
-  if (global_batch % dp != 0)
-    return arguments + " on a number of data-parallel ranks that divides it (parallel.dp = " + std::to_string(dp) +
-           " does not)";
-  uint64_t fitting = micro;
-  while ((global_batch / dp) % fitting != 0) --fitting;
-  return arguments + " --train.micro_batch " + std::to_string(fitting);
-}
-
 // The parameters and optimizer state, experts written by their first holder.
 CheckpointContents model_and_optimizer_contents(const NamedTensors& params, const AdamW& optimizer,
                                                 ModelGradients& grads) {
@@ -95,10 +79,11 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
   // written before a setting existed do not have it: nothing to compare).
   const std::map<std::string, std::string> theirs = checkpoint_config_values(s.config),
                                            ours = checkpoint_config_values(expected.config);
+  // The data position is the number of samples consumed, so another global batch (a ramp-up's
+  // next stage, say) continues from where the checkpoint's run was.
   if (s.global_batch != expected.global_batch)
-    throw config_error("train.global_batch", std::to_string(expected.global_batch),
-                       path + " was trained with " + std::to_string(s.global_batch) + " sequences per step; resume with " +
-                           global_batch_arguments(s.global_batch, ours) + " (the data order depends on it)");
+    log::info("train.global_batch = ", expected.global_batch, " where ", path, " was trained with ", s.global_batch,
+              ": the run continues from its data position, after ", s.consumed_samples, " samples");
   if (s.seq_len != expected.seq_len)
     throw config_error("train.seq_len", std::to_string(expected.seq_len),
                        path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +

@@ -97,6 +97,11 @@ CommunicationRecord ModelGradients::communication() const {
   return total;
 }
 
+void ModelGradients::set_microbatches(int64_t microbatches) {
+  replicated_->set_microbatches(microbatches);
+  if (experts_) experts_->set_microbatches(microbatches);
+}
+
 NamedTensors ModelGradients::error_feedback() {
   char rank[32];
   std::snprintf(rank, sizeof rank, "rank_%05d", parallel_.world_rank);

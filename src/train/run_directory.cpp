@@ -37,8 +37,7 @@ std::vector<std::unique_ptr<ReportSink>> open_run_files(const TrainConfig& confi
 
 void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement,
                        const AdamW& optimizer, const TrainResult& result, bool evaluated, double seconds) {
-  const uint64_t tokens = static_cast<uint64_t>(c.loop.steps) * static_cast<uint64_t>(c.loop.global_batch) *
-                          static_cast<uint64_t>(c.loop.seq_len);
+  const uint64_t tokens = static_cast<uint64_t>(result.consumed_samples) * static_cast<uint64_t>(c.loop.seq_len);
   log::info("done: ", c.loop.steps, " steps in ", format_duration(seconds), ", ", with_commas(static_cast<double>(tokens)),
             " tokens (", with_commas(result.tokens_per_s), " tok/s after warm-up); final loss ", result.final_loss,
             evaluated ? ", eval loss " + std::to_string(result.final_eval_loss) : std::string());

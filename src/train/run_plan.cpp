@@ -60,6 +60,10 @@ void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelConte
             " tokens (micro_batch ", c.loop.micro_batch, " × grad_accum ", c.loop.grad_accum, " × dp ",
             parallel.grid.dp(), "), ", with_commas(static_cast<double>(train_data.n_tokens())), " tokens in ",
             c.data.train);
+  if (c.loop.rampup.on())
+    log::info("batch ramp-up: the global batch starts at ", c.loop.rampup.start, " sequences and grows by ",
+              c.loop.rampup.increment, " over the first ", with_commas(static_cast<double>(c.loop.rampup.samples)),
+              " samples to ", c.loop.global_batch, " (train.batch_rampup)");
   if (train_data.corpora.size() > 1) log_mixture(c, train_data);
 }
 

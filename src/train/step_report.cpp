@@ -24,6 +24,7 @@ std::string optional_fields_text(const nlohmann::json& r) {
     std::snprintf(part, sizeof part, format, scale * r[key].get<double>());
     text += part;
   };
+  add("global_batch", " | batch %.0f");
   add("mtp_loss", " | MTP loss %.4f");
   add("balance_loss", " | balance loss %.3g");
   add("mfu", " | MFU %.1f%%", 100);
@@ -85,12 +86,16 @@ void ConsoleSink::write(const nlohmann::json& r) {
 }
 
 StepReport::StepReport(const StepReportSettings& settings, ParallelContext& parallel)
-    : settings_(settings), parallel_(parallel) {}
+    : settings_(settings), parallel_(parallel), consumed_(settings.start_consumed) {}
 
 void StepReport::add(const StepResult& step) {
   const torch::Tensor taken = step.grad_norm.isfinite();
   auto accumulate = [](torch::Tensor& sum, const torch::Tensor& value) { sum = sum.defined() ? sum + value : value; };
   ++interval_.steps;
+  interval_.samples += step.samples;
+  consumed_ += step.samples;
+  last_.samples = step.samples;
+  last_.lr = step.lr;
   interval_.sums.resize(step.values.size());
   for (size_t i = 0; i < step.values.size(); ++i) {
     const torch::Tensor value = step.values[i].second.to(torch::kFloat64);
@@ -114,16 +119,17 @@ double StepReport::measure(int64_t step, const StepResult& last) {
   parallel_.dp_group->synchronize();
   const double grad_norm = last.grad_norm.item<double>();
   const double seconds = seconds_since(interval_.start) - interval_.excluded_seconds;
-  const double tokens = static_cast<double>(interval_.steps * settings_.global_batch * settings_.seq_len);
+  const double tokens = static_cast<double>(interval_.samples * settings_.seq_len);
   const double tokens_per_s = tokens / seconds;
-  const uint64_t consumed = static_cast<uint64_t>(step) * static_cast<uint64_t>(settings_.global_batch);
+  const auto consumed = static_cast<uint64_t>(consumed_);
   measured_ = {{"step", step},
-               {"lr", settings_.schedule.at(step)},
+               {"lr", last_.lr},
                {"grad_norm", grad_norm},
                {"tokens_per_s", tokens_per_s},
                {"step_time_s", seconds / static_cast<double>(interval_.steps)},
                {"consumed_samples", consumed},
                {"tokens", consumed * static_cast<uint64_t>(settings_.seq_len)}};
+  if (settings_.reports_global_batch) measured_["global_batch"] = last_.samples;
   for (size_t i = 0; i < last.values.size(); ++i)
     measured_[last.values[i].first] = values[static_cast<int64_t>(i)].item<double>();
   if (settings_.peak_flops > 0) measured_["mfu"] = settings_.flops_per_token * tokens_per_s / settings_.peak_flops;

@@ -22,6 +22,10 @@ void add_loop_options(OptionTable& t) {
         "micro-batches per step on each rank (0: from global_batch, or 1)");
   t.add("train.global_batch", OptionKind::kInt, "0",
         "sequences per step over all ranks (0: micro_batch × grad_accum × dp)");
+  t.add("train.batch_rampup", OptionKind::kString, "",
+        "START,INCREMENT,SAMPLES: the global batch starts at START sequences and grows by INCREMENT, in equal "
+        "stretches of the first SAMPLES sequences, to train.global_batch (Megatron-LM's --rampup-batch-size; "
+        "empty: none)");
   t.add("train.seq_len", OptionKind::kInt, "128", "tokens per training sequence");
   t.add("train.eval_interval", OptionKind::kInt, "100",
         "evaluate on data.valid every N steps and at the end (0: only at the end)");
@@ -123,6 +127,12 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.global_batch = per_micro * c.grad_accum;
   o.set("train.grad_accum", std::to_string(c.grad_accum));
   o.set("train.global_batch", std::to_string(c.global_batch));
+  c.rampup = parse_batch_rampup(o.get_string("train.batch_rampup"), c.global_batch);
+  // Every batch of the ramp must divide over the ranks' micro-batches: the first that does not is named.
+  for (int64_t size = c.rampup.start; c.rampup.on() && size < c.global_batch; size += c.rampup.increment)
+    if (size % per_micro != 0)
+      throw config_error("train.batch_rampup", o.raw("train.batch_rampup"),
+                         "its global batch of " + std::to_string(size) + " sequences is not a multiple of " + product);
   return c;
 }
 
@@ -156,6 +166,16 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   // The schedule and the split of the layers, checked now (the trainer makes them again).
   check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
                  static_cast<int>(c.loop.grad_accum));
+  for (int64_t size = c.loop.rampup.start; c.loop.rampup.on() && size < c.loop.global_batch; size += c.loop.rampup.increment) {
+    try {
+      check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
+                     static_cast<int>(size / (c.loop.global_batch / c.loop.grad_accum)));
+    } catch (const Error& e) {
+      throw config_error("train.batch_rampup", o.raw("train.batch_rampup"),
+                         "its global batch of " + std::to_string(size) + " sequences does not fit the schedule (" +
+                             e.what() + ")");
+    }
+  }
   partition_layers(c.model, c.loop.seq_len, c.parallel.pp * c.parallel.virtual_stages, c.parallel.stage_layers);
   c.optim = read_optim_config(o);
   if (c.optim.decay_steps == 0) {

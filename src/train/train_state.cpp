@@ -112,6 +112,7 @@ void TrainState::resume_from(const std::string& path) {
     generator.set_state(state.rng[parallel_.world_rank].contiguous());
   }
   start_step_ = state.step;
+  consumed_samples_ = static_cast<int64_t>(state.consumed_samples);
   log::info("resuming from ", path, ": after step ", state.step, ", ", state.consumed_samples,
             " samples consumed; written by dp ", state.dp, " × pp ", state.pp, " (", state.schedule, ")",
             same_layout ? "" : ", continuing on this layout");
@@ -129,7 +130,7 @@ CheckpointState TrainState::capture(int64_t step) const {
   const TrainConfig& config = *parts_.config;
   CheckpointState state;
   state.step = step;
-  state.consumed_samples = static_cast<uint64_t>(step) * static_cast<uint64_t>(config.loop.global_batch);
+  state.consumed_samples = static_cast<uint64_t>(consumed_samples_);  // (`step` is the last step taken)
   state.tokens = state.consumed_samples * static_cast<uint64_t>(config.loop.seq_len);
   state.optimizer_steps = static_cast<uint64_t>(parts_.optimizer->step_count());
   if (parts_.loss_scaler) {

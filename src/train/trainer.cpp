@@ -139,15 +139,23 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   state_->restore(resume, weights);
   guards_.continue_after(state_->start_step());
   const LoaderOptions loader_options = rank_loader_options(c, parallel_, device);
-  if (stage_.executor->needs_batches())
-    loader_ = std::make_unique<DataLoader>(train_data_, loader_options, /*start_step=*/state_->start_step());
+  if (stage_.executor->needs_batches()) {
+    LoaderOptions training = loader_options;  // (evaluation keeps the full batch)
+    const LoopConfig& loop = config_.loop;
+    if (loop.rampup.on())
+      training.global_batch_after = [loop](uint64_t consumed) {
+        return static_cast<uint64_t>(loop.global_batch_after(static_cast<int64_t>(consumed)));
+      };
+    loader_ = std::make_unique<DataLoader>(train_data_, training, static_cast<uint64_t>(state_->consumed_samples()));
+  }
   validator_ = std::make_unique<Validator>(c, valid, *stage_.executor, loader_options, parallel_, device);
 }
 
 void Trainer::open_run_directory() {
   report_ = std::make_unique<StepReport>(
-      StepReportSettings{state_->start_step(), config_.loop.steps, config_.log.interval, config_.loop.global_batch,
-                         config_.loop.seq_len, plan_.flops_per_token, plan_.peak_flops, placement_.device, schedule_},
+      StepReportSettings{state_->start_step(), config_.loop.steps, config_.log.interval, config_.loop.seq_len,
+                         plan_.flops_per_token, plan_.peak_flops, placement_.device, state_->consumed_samples(),
+                         config_.loop.rampup.on()},
       parallel_);
   if (parallel_.grid.pp() > 1) report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
@@ -165,11 +173,17 @@ void Trainer::open_run_directory() {
 }
 
 StepResult Trainer::train_step(int64_t step) {
+  // The step's batch: the configured one, or a batch-size ramp-up's for the samples so far.
+  const int64_t consumed = state_->consumed_samples();
+  const int64_t global_batch = config_.loop.global_batch_after(consumed);
+  const int64_t micro_batches = config_.loop.grad_accum_after(consumed);
+  stage_.executor->set_microbatches(static_cast<int>(micro_batches));
+  grads_->set_microbatches(micro_batches);
+  if (balancing_) balancing_->set_micro_batches(micro_batches);
   grads_->zero();
   // Every micro-batch has the same number of tokens, so the mean of the micro-batch means is
   // the mean over the global batch whatever grad_accum, dp and pp are.
   const DynamicLossScaler* scaler = guards_.loss_scaler();
-  const int64_t micro_batches = config_.loop.grad_accum;
   const std::vector<torch::Tensor> losses = stage_.executor->train_step(
       loader_ ? step_batches(*loader_, micro_batches, placement_.device) : PipelineExecutor::BatchSource(),
       static_cast<double>(micro_batches), guards_.backward_scale(step));
@@ -182,10 +196,16 @@ StepResult Trainer::train_step(int64_t step) {
   torch::Tensor divisor;
   if (config_.optim.grad_clip > 0) divisor = clip_divisor(norm, config_.optim.grad_clip);
   if (scaler) divisor = divisor.defined() ? divisor * scaler->scale() : scaler->scale();
-  optimizer_->step(schedule_.at(step), grads_->shard_grads(), skipped, divisor);
+  state_->add_consumed_samples(global_batch);
+  // The schedule counts steps, or tokens in steps of the full batch (optim.schedule_unit).
+  const double lr = schedule_.at(config_.optim.schedule_unit == "tokens"
+                                     ? static_cast<double>(state_->consumed_samples()) /
+                                           static_cast<double>(config_.loop.global_batch)
+                                     : static_cast<double>(step));
+  optimizer_->step(lr, grads_->shard_grads(), skipped, divisor);
   grads_->gather_parameters();  // ZeRO-1: every rank's updated shard to every rank
   if (guards_.loss_scaler()) guards_.loss_scaler()->update(skipped);
-  StepResult result{{}, norm};
+  StepResult result{{}, norm, global_batch, lr};
   const std::vector<std::string> names = stage_.model->loss_names();
   for (size_t i = 0; i < names.size(); ++i) result.values.emplace_back(names[i], losses[i]);
   for (const auto& hook : post_step_hooks_) {
@@ -271,6 +291,7 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();  // the steps, not the end
   const RunPlan& plan = plan_;
   result.steps = config_.loop.steps;
+  result.consumed_samples = state_->consumed_samples();
   result.final_loss = report_->final_loss();
   result.tokens_per_s = report_->tokens_per_s();
   result.mfu = plan.peak_flops > 0 ? plan.flops_per_token * result.tokens_per_s / plan.peak_flops : 0.0;

@@ -177,7 +177,7 @@ TEST(Loader, MicroBatchesAreTheSampledTokensAndTheStateResumes) {
     }
   }
   EXPECT_EQ(loader.consumed_samples(), 3u * 8u);
-  DataLoader resumed(corpus, options, 3);
+  DataLoader resumed(corpus, options, 3 * 8);  // after 3 steps of 8 samples
   DataLoader continued(corpus, options, 0);
   for (int i = 0; i < 6; ++i) continued.next();
   EXPECT_TRUE(torch::equal(resumed.next(), continued.next()));
@@ -257,4 +257,39 @@ TEST(Prep, InvalidJsonLinesSayWhereWithoutTheLibrarysWording) {
     EXPECT_NE(message.find("bad.jsonl:2: invalid JSON at column 1"), std::string::npos) << message;
     EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
   }
+}
+
+// A batch-size ramp-up (LoaderOptions::global_batch_after): each step takes the next global
+// batch's samples after those consumed, its micro-batches per rank following from its size.
+TEST(Loader, RampedStepsTakeTheSamplesAfterThoseConsumed) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 800; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  dir.write("t.txt", text);
+  PrepOptions prep;
+  prep.inputs = {dir.path("t.txt")};
+  prep.output = dir.path("t.h5");
+  run_prep(prep);
+  auto corpus = std::make_shared<CorpusReader>(dir.path("t.h5"));
+  LoaderOptions options;
+  options.seq_len = 8;
+  options.layout = {1, 4, 2, 1};  // micro-batch 1, dp rank 1 of 2; the full batch 8
+  options.seed = 5;
+  options.model_vocab = 257;
+  options.global_batch_after = [](uint64_t consumed) { return consumed < 8 ? uint64_t{2} : uint64_t{8}; };
+  DataLoader loader(corpus, options, 0);
+  GlobalSampler sampler(samples_in_corpus(801, 8), 5, true);
+  // Steps of 2, 2, 2, 2 (8 samples), then 8: rank 1 takes the second half of each.
+  struct Expected {
+    uint64_t first, accum;
+  };
+  std::vector<Expected> steps = {{0, 1}, {2, 1}, {4, 1}, {6, 1}, {8, 4}, {16, 4}};
+  for (const Expected& step : steps)
+    for (uint64_t m = 0; m < step.accum; ++m) {
+      const torch::Tensor batch = loader.next();
+      const uint64_t sample = sampler.sample_at(step.first + 1 * 1 * step.accum + m);
+      EXPECT_EQ(batch[0][0].item<int64_t>(), sample * 8 < 800 ? 'a' + static_cast<int64_t>(sample * 8 % 26) : 256)
+          << "step starting at " << step.first;
+    }
+  EXPECT_EQ(loader.consumed_samples(), 24u);
 }

@@ -107,7 +107,7 @@ TEST(Mixture, LoaderMixesCorporaAndResumesExactly) {
     }
   }
   EXPECT_NEAR(static_cast<double>(rows_b) / static_cast<double>(rows), 0.75, 1.0 / static_cast<double>(rows));
-  DataLoader resumed(mixture, options, 7);  // step 7 = micro-batch 14
+  DataLoader resumed(mixture, options, 7 * 8);  // 7 steps of 8 samples: micro-batch 14
   for (int m = 14; m < 40; ++m) ASSERT_TRUE(torch::equal(resumed.next(), batches[m])) << m;
 
   dir.write("c.txt", "c");

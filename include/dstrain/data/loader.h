@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,9 @@ struct LoaderOptions {
   bool shuffle = true;
   uint64_t model_vocab = 0;   // a token id at or above it is a data error
   size_t prefetch_depth = 4;  // micro-batches read ahead
+  // The global batch of a step that starts after a number of samples (a batch-size ramp-up);
+  // empty: layout.global_batch() for every step.
+  std::function<uint64_t(uint64_t consumed)> global_batch_after;
   int pinned_for_gpu = -1;     // ≥ 0: page-locked batches, for asynchronous copies to this GPU
 };
 
@@ -31,12 +35,12 @@ uint64_t samples_in_corpus(uint64_t n_tokens, uint64_t seq_len);
 
 class DataLoader {
  public:
-  // Starts at the first micro-batch of `start_step`. Throws Error(kData) when the corpus has
-  // fewer samples than one global batch.
+  // Starts with the step after `start_sample` samples consumed. Throws Error(kData) when the
+  // corpus has fewer samples than one global batch.
   DataLoader(std::shared_ptr<const CorpusReader> corpus, const LoaderOptions& options,
-             uint64_t start_step);
+             uint64_t start_sample);
   // Several corpora in proportions (see mixture.h); each must hold at least one sample.
-  DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_step);
+  DataLoader(const Mixture& mixture, const LoaderOptions& options, uint64_t start_sample);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -48,14 +52,15 @@ class DataLoader {
   uint64_t consumed_samples() const;
 
  private:
-  torch::Tensor read_micro_batch(uint64_t step, uint64_t micro);
+  torch::Tensor read_micro_batch(uint64_t first, uint64_t accum, uint64_t micro);
   void prefetch_loop();
+  uint64_t global_batch_after(uint64_t consumed) const;
 
   Mixture mixture_;
   LoaderOptions options_;
   MixedSampler sampler_;  // used by the prefetch thread only
-  uint64_t taken_ = 0;     // micro-batches handed out
-  uint64_t start_step_;
+  uint64_t consumed_;           // samples of the steps handed out whole
+  uint64_t taken_in_step_ = 0;  // micro-batches handed out of the step after them
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -34,7 +34,12 @@ struct BatchLayout {
   uint64_t micro_batch, grad_accum, dp_size, dp_rank;
   uint64_t global_batch() const { return micro_batch * grad_accum * dp_size; }
   uint64_t position(uint64_t step, uint64_t micro, uint64_t row) const {
-    return step * global_batch() + dp_rank * micro_batch * grad_accum + micro * micro_batch + row;
+    return position_in(step * global_batch(), grad_accum, micro, row);
+  }
+  // The same in a step of `accum` micro-batches per rank that starts after `first` samples (a
+  // step of a batch-size ramp-up).
+  uint64_t position_in(uint64_t first, uint64_t accum, uint64_t micro, uint64_t row) const {
+    return first + dp_rank * micro_batch * accum + micro * micro_batch + row;
   }
 };
 

@@ -83,6 +83,8 @@ class GradientBuffer {
   GradientBuffer& operator=(const GradientBuffer&) = delete;
 
   void zero();    // before a step's first backward pass
+  // The gradients each parameter receives per step from now on (a batch-size ramp-up changes them).
+  void set_microbatches(int64_t microbatches) { reduction_.microbatches = microbatches; }
   // After its last, always: the average over the DP group, complete (without one, the sum as
   // it is); sharded, only this rank's shard of the buffer holds it.
   void reduce();

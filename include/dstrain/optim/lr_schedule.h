@@ -10,8 +10,9 @@ struct LrSchedule {
   double max_lr, min_lr;
   int64_t warmup_steps, decay_steps;
 
-  // Learning rate of step `step` (1-based: the first update is step 1).
-  double at(int64_t step) const;
+  // Learning rate of step `step` (1-based: the first update is step 1); a fraction of a step
+  // where the schedule counts tokens (optim.schedule_unit) and steps are smaller than global_batch.
+  double at(double step) const;
 };
 
 }  // namespace dstrain

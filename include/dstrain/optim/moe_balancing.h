@@ -26,6 +26,10 @@ class MoeBalancing : public PostStepHook {
                int64_t micro_batches, const torch::Device& device, int ep = 1);
 
   void after_step(const torch::Tensor& skipped) override;
+  // The micro-batches of the coming step on each rank (a batch-size ramp-up changes them).
+  void set_micro_batches(int64_t micro_batches) {
+    loss_divisor_ = static_cast<double>(micro_batches * dp_group_.size());
+  }
   // "balance_loss" (with model.aux_loss_alpha): the step's balance loss of this stage's layers,
   // mean over micro-batches and data-parallel ranks, summed over layers; 0 without MoE layers.
   std::vector<std::pair<std::string, torch::Tensor>> step_values() const override;

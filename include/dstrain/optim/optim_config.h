@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "dstrain/core/config.h"
 
@@ -11,6 +12,7 @@ struct OptimConfig {
   double lr = 3e-4, min_lr = 3e-5;
   int64_t warmup_steps = 0;
   int64_t decay_steps = 0;  // 0: train.steps
+  std::string schedule_unit = "steps";  // steps | tokens: what warmup_steps and decay_steps count
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping

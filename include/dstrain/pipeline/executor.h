@@ -40,6 +40,9 @@ class PipelineExecutor {
   // before backward. Returns, for each of the stage's loss_names(), the sum over micro-batches of
   // the divided losses (0-dim fp32, on the device; 0 on stages without the last virtual stage).
   std::vector<torch::Tensor> train_step(const BatchSource& batch, double loss_divisor, const torch::Tensor& loss_scale);
+  // The training schedule for `microbatches` micro-batches per step from now on (a batch-size
+  // ramp-up changes them between steps).
+  void set_microbatches(int microbatches);
   // Forward only, without gradients: the sum of the micro-batches' first loss (0-dim, fp64).
   torch::Tensor evaluate(const BatchSource& batch);
 

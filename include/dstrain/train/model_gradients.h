@@ -22,6 +22,7 @@ class ModelGradients {
                  GradientReduction reduction, ParallelContext& parallel);
 
   void zero();
+  void set_microbatches(int64_t microbatches);  // per step, as GradientBuffer's
   void reduce();
   // The L2 norm of every gradient of the model, each parameter counted once (every stage's).
   torch::Tensor global_norm();

@@ -33,6 +33,8 @@ struct StepResult {
   // every rank and step.
   std::vector<std::pair<std::string, torch::Tensor>> values;
   torch::Tensor grad_norm;  // global, before clipping; not finite: the optimizer skipped the step
+  int64_t samples = 0;      // the step's global batch
+  double lr = 0;            // the learning rate it trained at
 };
 
 // The log line a person reads: "step 5/20 | loss 4.1234 | ...", "eval at step 10 | loss ...".
@@ -49,10 +51,11 @@ class ConsoleSink : public ReportSink {
 
 struct StepReportSettings {
   int64_t start_step = 0, total_steps = 0, log_interval = 1;
-  int64_t global_batch = 0, seq_len = 0;
+  int64_t seq_len = 0;
   double flops_per_token = 0, peak_flops = 0;  // peak of all devices together; 0: unknown
   torch::Device device = torch::kCPU;
-  LrSchedule schedule;
+  int64_t start_consumed = 0;   // samples consumed before start_step
+  bool reports_global_batch = false;  // a batch-size ramp-up: each record says the step's batch
 };
 
 class StepReport {
@@ -89,7 +92,7 @@ class StepReport {
  private:
   struct Interval {
     Clock::time_point start = Clock::now();
-    int64_t steps = 0;
+    int64_t steps = 0, samples = 0;
     double excluded_seconds = 0;
     std::vector<torch::Tensor> sums;  // fp64, by value; skipped steps left out
     torch::Tensor taken_steps;
@@ -107,6 +110,8 @@ class StepReport {
   Throughput first_, later_;
   int64_t logged_intervals_ = 0;
   double final_loss_ = 0;
+  int64_t consumed_ = 0;  // samples of the steps so far
+  StepResult last_{};     // the last step's batch and learning rate
 };
 
 // The share of the steps' time each stage's device waited for its neighbours, averaged over

@@ -7,6 +7,7 @@
 
 #include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/core/config.h"
+#include "dstrain/data/batch_rampup.h"
 #include "dstrain/dist/parallel_config.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/optim/optim_config.h"
@@ -31,8 +32,12 @@ struct LoopConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   double peak_tflops = 0;          // 0: known figures by GPU name
   bool cuda_kernels = true;        // dstrain's own, where built (model/cuda_kernels.h)
-  std::string recompute = "none";  // none | full (model/recompute.h)
+  std::string recompute = "none";  // none | selective | full (model/recompute.h)
   int64_t recompute_layers = 0;    // full: the first N decoder layers of each model chunk; 0: all
+  BatchRampup rampup;              // the global batch's ramp-up to global_batch (data/batch_rampup.h)
+  // The global batch of a step that starts after `consumed` samples, and its micro-batches per rank.
+  int64_t global_batch_after(int64_t consumed) const { return dstrain::global_batch_after(consumed, rampup, global_batch); }
+  int64_t grad_accum_after(int64_t consumed) const { return global_batch_after(consumed) / (global_batch / grad_accum); }
 };
 
 struct DataConfig {

@@ -49,6 +49,9 @@ class TrainState {
   // Throws Error naming what does not fit.
   void restore(const std::string& resume, const std::string& weights);
   int64_t start_step() const { return start_step_; }
+  // Samples the steps so far have consumed: the data position (from the checkpoint on resume).
+  int64_t consumed_samples() const { return consumed_samples_; }
+  void add_consumed_samples(int64_t samples) { consumed_samples_ += samples; }
 
   bool save_due(int64_t step) const;  // every ckpt.interval steps, and after the last
   // Starts writing a checkpoint of the state after `step` (training goes on meanwhile).
@@ -75,6 +78,7 @@ class TrainState {
   std::string corpus_fingerprint_;
   std::unique_ptr<CheckpointWriter> checkpoints_;
   int64_t start_step_ = 0;  // the step a resumed run continues after
+  int64_t consumed_samples_ = 0;
 };
 
 }  // namespace dstrain

@@ -11,6 +11,7 @@ namespace dstrain {
 
 struct TrainResult {
   int64_t steps = 0;
+  int64_t consumed_samples = 0;   // by the steps, the resumed ones included
   double final_loss = 0.0;
   double final_eval_loss = -1.0;  // -1 without a validation corpus
   std::string param_digest;       // FNV-1a over every parameter's name and bytes
