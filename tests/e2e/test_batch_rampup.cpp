@@ -61,7 +61,7 @@ TEST(BatchRampup, EqualsRunsOfEachBatchResumedFromEachOther) {
 
 // 2,2,24 → 8 over two ranks: batches of 2, 4, 6 and 8. Killed after the checkpoint of step 6
 // (in the middle of the ramp) and started again, it ends bitwise where the run that never
-// stopped ended.
+// stopped ended; resumed on one rank, it goes on with the same batches.
 TEST(BatchRampup, ResumesBitwiseInTheMiddleOfTheRamp) {
   const std::vector<std::string> args = {"--train.micro_batch", "1", "--train.global_batch", "8",
                                          "--train.batch_rampup", "2,2,24", "--train.steps", "12",
@@ -79,6 +79,20 @@ TEST(BatchRampup, ResumesBitwiseInTheMiddleOfTheRamp) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("after step 6, 16 samples consumed"), std::string::npos) << run.output;
   EXPECT_EQ(digest(resumed), digest(whole));
+
+  // On another layout (one rank) the ramp goes on from the same data position: the losses of
+  // data parallelism's equivalent, within float tolerance.
+  const std::string one_rank = scratch_dir("rampup-one-rank");
+  std::vector<std::string> elsewhere = args;
+  elsewhere.insert(elsewhere.end(), {"--ckpt.resume", whole + "/checkpoints/step_00000006.h5"});
+  run = train_tiny(0, one_rank, elsewhere);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto there = step_records(whole), here = step_records(one_rank);
+  ASSERT_EQ(here.size(), 6u);
+  for (size_t i = 0; i < here.size(); ++i) {
+    EXPECT_EQ(here[i]["global_batch"], there[i + 6]["global_batch"]);
+    EXPECT_NEAR(here[i]["loss"].get<double>(), there[i + 6]["loss"].get<double>(), 1e-5) << "step " << i + 7;
+  }
 }
 
 TEST(BatchRampup, ASizeThatDoesNotDivideOverTheRanksIsRefused) {

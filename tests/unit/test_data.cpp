@@ -145,16 +145,25 @@ TEST(Sampler, DataParallelRanksAreDisjointAndCoverTheEpoch) {
   EXPECT_EQ(one_rank, two_ranks);
 }
 
-TEST(Loader, MicroBatchesAreTheSampledTokensAndTheStateResumes) {
-  TempDir dir;
+namespace {
+
+// A byte-tokenized corpus of `length` letters a, b, ..., z, a, ... (one document).
+std::shared_ptr<CorpusReader> alphabet_corpus(TempDir& dir, int length) {
   std::string text;
-  for (int i = 0; i < 400; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  for (int i = 0; i < length; ++i) text.push_back(static_cast<char>('a' + i % 26));
   dir.write("t.txt", text);
   PrepOptions prep;
   prep.inputs = {dir.path("t.txt")};
   prep.output = dir.path("t.h5");
   run_prep(prep);
-  auto corpus = std::make_shared<CorpusReader>(dir.path("t.h5"));
+  return std::make_shared<CorpusReader>(dir.path("t.h5"));
+}
+
+}  // namespace
+
+TEST(Loader, MicroBatchesAreTheSampledTokensAndTheStateResumes) {
+  TempDir dir;
+  auto corpus = alphabet_corpus(dir, 400);
   LoaderOptions options;
   options.seq_len = 8;
   options.layout = {2, 2, 2, 1};
@@ -263,14 +272,7 @@ TEST(Prep, InvalidJsonLinesSayWhereWithoutTheLibrarysWording) {
 // batch's samples after those consumed, its micro-batches per rank following from its size.
 TEST(Loader, RampedStepsTakeTheSamplesAfterThoseConsumed) {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 800; ++i) text.push_back(static_cast<char>('a' + i % 26));
-  dir.write("t.txt", text);
-  PrepOptions prep;
-  prep.inputs = {dir.path("t.txt")};
-  prep.output = dir.path("t.h5");
-  run_prep(prep);
-  auto corpus = std::make_shared<CorpusReader>(dir.path("t.h5"));
+  auto corpus = alphabet_corpus(dir, 800);
   LoaderOptions options;
   options.seq_len = 8;
   options.layout = {1, 4, 2, 1};  // micro-batch 1, dp rank 1 of 2; the full batch 8
