@@ -22,13 +22,13 @@ std::string progress_text(int64_t step, int64_t total_steps, double tokens_per_s
   return text;
 }
 
-ProgressLine::ProgressLine(int64_t start_step, int64_t total_steps, double tokens_per_step)
-    : start_step_(start_step), total_steps_(total_steps), tokens_per_step_(tokens_per_step),
-      start_(Clock::now()), last_draw_(start_) {}
+ProgressLine::ProgressLine(int64_t start_step, int64_t total_steps)
+    : start_step_(start_step), total_steps_(total_steps), start_(Clock::now()), last_draw_(start_) {}
 
 ProgressLine::~ProgressLine() { log::set_status(""); }
 
-void ProgressLine::step_done(int64_t step) {
+void ProgressLine::step_done(int64_t step, double tokens) {
+  tokens_ += tokens;
   const Clock::time_point now = Clock::now();
   // Redrawing is cheap, but a terminal that scrolls a remote log should not get 100 lines a second.
   if (step < total_steps_ && now - last_draw_ < std::chrono::milliseconds(250)) return;
@@ -36,7 +36,7 @@ void ProgressLine::step_done(int64_t step) {
   const double seconds = std::chrono::duration<double>(now - start_).count();
   const double steps = static_cast<double>(step - start_step_);
   const double per_step = steps > 0 ? seconds / steps : 0.0;
-  log::set_status(progress_text(step, total_steps_, seconds > 0 ? steps * tokens_per_step_ / seconds : 0.0,
+  log::set_status(progress_text(step, total_steps_, seconds > 0 ? tokens_ / seconds : 0.0,
                                 per_step * static_cast<double>(total_steps_ - step)));
 }
 

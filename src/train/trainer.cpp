@@ -252,12 +252,12 @@ TrainResult Trainer::run() {
   }
   const Clock::time_point start = Clock::now();
   report_->start();
-  ProgressLine progress(state_->start_step(), steps, static_cast<double>(config_.loop.global_batch * config_.loop.seq_len));
+  ProgressLine progress(state_->start_step(), steps);
   for (int64_t step = state_->start_step() + 1; step <= steps; ++step) {
     guards_.inject_fault(step);
     const StepResult tensors = train_step_checked(step);
     report_->add(tensors);
-    progress.step_done(step);
+    progress.step_done(step, static_cast<double>(tensors.samples * config_.loop.seq_len));
     if (report_->due(step)) {
       guards_.check_logged_loss(step, report_->measure(step, tensors));
       report_->write();

@@ -12,15 +12,15 @@ namespace dstrain {
 
 class ProgressLine {
  public:
-  // Steps (start_step, total_steps] remain; each step trains tokens_per_step tokens.
-  ProgressLine(int64_t start_step, int64_t total_steps, double tokens_per_step);
+  // Steps (start_step, total_steps] remain.
+  ProgressLine(int64_t start_step, int64_t total_steps);
   ~ProgressLine();  // takes the line away
-  void step_done(int64_t step);
+  void step_done(int64_t step, double tokens);  // `tokens`: what the step trained
 
  private:
   using Clock = std::chrono::steady_clock;
   int64_t start_step_, total_steps_;
-  double tokens_per_step_;
+  double tokens_ = 0;  // trained since the start
   Clock::time_point start_, last_draw_;
 };
 
