@@ -176,10 +176,11 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const
     throw config_error("ckpt.dir", dir_, "cannot create this directory (" + why + ")");
   parallel_.world->barrier();
   {
-    const Deadline deadline("checkpoint of step " + std::to_string(step) + ": the collective creation of " +
+    Deadline deadline("checkpoint of step " + std::to_string(step) + ": the collective creation of " +
                                 job_.tmp_path,
                             timeout_s_, "a rank's write failed there (a full file system?) or a rank stopped",
                             kCode);
+    deadline.remove_on_expiry(job_.tmp_path);
     std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
     h5::quiet_errors();
     h5::Handle fapl(h5::check_id(H5Pcreate(H5P_FILE_ACCESS), kCode, "H5Pcreate"), H5Pclose);

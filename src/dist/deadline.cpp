@@ -33,6 +33,7 @@ void Deadline::watch() {
   if (!rank) rank = std::getenv("SLURM_PROCID");
   std::fprintf(stderr, "error: %s did not finish within comm.timeout_s = %g s (rank %s on %s): %s; the job ends (exit code %d)\n",
                what_.c_str(), timeout_s_, rank ? rank : "?", host, why_.c_str(), static_cast<int>(code_));
+  if (!partial_file_.empty()) ::unlink(partial_file_.c_str());  // (by every rank; the first one wins)
   std::fflush(stderr);
   std::_Exit(static_cast<int>(code_));
 }

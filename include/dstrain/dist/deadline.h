@@ -26,13 +26,17 @@ class Deadline {
   Deadline(const Deadline&) = delete;
   Deadline& operator=(const Deadline&) = delete;
 
+  // A partial file the phase is making, removed if the time runs out: a checkpoint's file on a
+  // full disk would otherwise keep the disk full.
+  void remove_on_expiry(std::string path) { partial_file_ = std::move(path); }
+
   // A phase of a multi-rank start-up (exit code 5).
   static constexpr const char* kStartup = "another rank has not started, has stopped (SIGSTOP, a debugger) or died";
 
  private:
   void watch();
 
-  std::string what_, why_;
+  std::string what_, why_, partial_file_;
   double timeout_s_;
   ExitCode code_;
   std::mutex mutex_;
