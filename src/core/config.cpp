@@ -239,6 +239,21 @@ std::map<std::string, std::string> read_config_file(const std::string& path,
 
 }  // namespace
 
+bool parse_integer_list(const std::string& text, std::vector<int64_t>* values) {
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno == ERANGE) return false;
+    values->push_back(value);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return true;
+}
+
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args) {
   po::options_description description = make_description(table);
   ParsedCommandLine parsed;

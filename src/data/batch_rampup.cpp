@@ -1,9 +1,9 @@
 #include "dstrain/data/batch_rampup.h"
 
 #include <algorithm>
-#include <sstream>
 #include <vector>
 
+#include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
 
 namespace dstrain {
@@ -11,21 +11,8 @@ namespace dstrain {
 BatchRampup parse_batch_rampup(const std::string& text, int64_t global_batch) {
   if (text.empty()) return {};
   std::vector<int64_t> numbers;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t value = 0;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || value <= 0)
-      throw config_error("train.batch_rampup", text, "expected START,INCREMENT,SAMPLES: three positive integers");
-    numbers.push_back(value);
-  }
-  if (numbers.size() != 3)
+  if (!parse_integer_list(text, &numbers) || numbers.size() != 3 ||
+      std::any_of(numbers.begin(), numbers.end(), [](int64_t n) { return n <= 0; }))
     throw config_error("train.batch_rampup", text, "expected START,INCREMENT,SAMPLES: three positive integers");
   const BatchRampup rampup{numbers[0], numbers[1], numbers[2]};
   if (rampup.start >= global_batch)
@@ -36,6 +23,12 @@ BatchRampup parse_batch_rampup(const std::string& text, int64_t global_batch) {
                        "INCREMENT must divide train.global_batch − START (" + std::to_string(global_batch) +
                            " − " + std::to_string(rampup.start) + ")");
   return rampup;
+}
+
+std::vector<int64_t> ramp_batches(const BatchRampup& rampup, int64_t global_batch) {
+  std::vector<int64_t> sizes;
+  for (int64_t size = rampup.start; rampup.on() && size < global_batch; size += rampup.increment) sizes.push_back(size);
+  return sizes;
 }
 
 int64_t global_batch_after(int64_t consumed, const BatchRampup& rampup, int64_t global_batch) {

@@ -1,7 +1,5 @@
 #include "dstrain/dist/parallel_config.h"
 
-#include <cstdlib>
-
 #include "dstrain/core/error.h"
 #include "dstrain/dist/rank_grid.h"
 
@@ -49,17 +47,8 @@ ParallelConfig read_parallel_config(Options& o, int world_size) {
   c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved"});
   c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 1, 1024));
   const std::string layers = o.get_string("parallel.stage_layers");
-  for (size_t start = 0; !layers.empty() && start <= layers.size();) {
-    size_t comma = layers.find(',', start);
-    const std::string item = layers.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    char* end = nullptr;
-    const long long count = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0')
-      throw config_error("parallel.stage_layers", layers, "expected layer counts separated by commas, e.g. 9,8,8,7");
-    c.stage_layers.push_back(count);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
+  if (!layers.empty() && !parse_integer_list(layers, &c.stage_layers))
+    throw config_error("parallel.stage_layers", layers, "expected layer counts separated by commas, e.g. 9,8,8,7");
   int64_t dp = o.get_int("parallel.dp", 0, INT32_MAX);
   if (dp == 0) {
     if (world_size % c.pp != 0)

@@ -50,17 +50,17 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& 
 }
 
 void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout) {
+  bool complete = true;
   for (auto& [name, carried] : grads.error_feedback()) {
-    const CheckpointReader::DatasetInfo* stored = same_layout ? reader.find(name) : nullptr;
-    if (stored == nullptr) {
-      if (name.find("rank_00000") != std::string::npos)
-        log::info("comm.error_feedback: ", reader.path(), same_layout ? " has no carried quantization error"
-                                                                       : " was written on another layout",
-                  "; the error carried over starts from zero");
-      continue;
-    }
-    carried.copy_(reader.read(name).to(carried.device()).view_as(carried));
+    if (same_layout && reader.find(name) != nullptr)
+      carried.copy_(reader.read(name).to(carried.device()).view_as(carried));
+    else
+      complete = false;
   }
+  if (!complete)
+    log::info("comm.error_feedback: ", reader.path(), same_layout ? " has no carried quantization error"
+                                                                   : " was written on another layout",
+              "; the error carried over starts from zero");
 }
 
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected) {

@@ -129,7 +129,7 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   o.set("train.global_batch", std::to_string(c.global_batch));
   c.rampup = parse_batch_rampup(o.get_string("train.batch_rampup"), c.global_batch);
   // Every batch of the ramp must divide over the ranks' micro-batches: the first that does not is named.
-  for (int64_t size = c.rampup.start; c.rampup.on() && size < c.global_batch; size += c.rampup.increment)
+  for (int64_t size : ramp_batches(c.rampup, c.global_batch))
     if (size % per_micro != 0)
       throw config_error("train.batch_rampup", o.raw("train.batch_rampup"),
                          "its global batch of " + std::to_string(size) + " sequences is not a multiple of " + product);
@@ -166,10 +166,10 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   // The schedule and the split of the layers, checked now (the trainer makes them again).
   check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
                  static_cast<int>(c.loop.grad_accum));
-  for (int64_t size = c.loop.rampup.start; c.loop.rampup.on() && size < c.loop.global_batch; size += c.loop.rampup.increment) {
+  for (int64_t size : ramp_batches(c.loop.rampup, c.loop.global_batch)) {
     try {
       check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
-                     static_cast<int>(size / (c.loop.global_batch / c.loop.grad_accum)));
+                     static_cast<int>(c.loop.grad_accum_for(size)));
     } catch (const Error& e) {
       throw config_error("train.batch_rampup", o.raw("train.batch_rampup"),
                          "its global batch of " + std::to_string(size) + " sequences does not fit the schedule (" +

@@ -72,6 +72,10 @@ struct ParsedCommandLine {
 };
 ParsedCommandLine parse_command_line(const OptionTable& table, const std::vector<std::string>& args);
 
+// The integers of a comma-separated list such as "9,8,8,7" into *values; false when an item is
+// empty, not an integer, or out of range (the caller names the option).
+bool parse_integer_list(const std::string& text, std::vector<int64_t>* values);
+
 // The options of a command with options of its own (prep, data import, pipeline simulate) into
 // `given`. Names are exact, without Boost's default guessing of abbreviations: `--threads` is not
 // `--thread` (an INI file takes no abbreviations either). An argument that is no option's value

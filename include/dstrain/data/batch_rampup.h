@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dstrain {
 
@@ -20,6 +21,9 @@ struct BatchRampup {
 // it is not three positive integers, or START is not below `global_batch` with INCREMENT
 // dividing the difference.
 BatchRampup parse_batch_rampup(const std::string& text, int64_t global_batch);
+
+// The global batches of the ramp before the full one, in order (none without a ramp-up).
+std::vector<int64_t> ramp_batches(const BatchRampup& rampup, int64_t global_batch);
 
 // The global batch of a step that starts after `consumed` samples.
 int64_t global_batch_after(int64_t consumed, const BatchRampup& rampup, int64_t global_batch);

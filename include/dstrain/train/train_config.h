@@ -37,7 +37,8 @@ struct LoopConfig {
   BatchRampup rampup;              // the global batch's ramp-up to global_batch (data/batch_rampup.h)
   // The global batch of a step that starts after `consumed` samples, and its micro-batches per rank.
   int64_t global_batch_after(int64_t consumed) const { return dstrain::global_batch_after(consumed, rampup, global_batch); }
-  int64_t grad_accum_after(int64_t consumed) const { return global_batch_after(consumed) / (global_batch / grad_accum); }
+  int64_t grad_accum_after(int64_t consumed) const { return grad_accum_for(global_batch_after(consumed)); }
+  int64_t grad_accum_for(int64_t batch) const { return batch / (global_batch / grad_accum); }  // on this layout
 };
 
 struct DataConfig {
