@@ -7,13 +7,6 @@
 #include "dstrain/model/swiglu_activation.h"
 
 namespace dstrain {
-namespace {
-
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-
-}  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight_ = register_parameter("weight", torch::ones({dim}));
@@ -23,10 +16,10 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()) {
-  q_proj_ = register_module("q_proj", linear(c.hidden_size, num_heads_ * head_dim_));
-  k_proj_ = register_module("k_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
-  v_proj_ = register_module("v_proj", linear(c.hidden_size, num_kv_heads_ * head_dim_));
-  o_proj_ = register_module("o_proj", linear(num_heads_ * head_dim_, c.hidden_size));
+  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_));
+  k_proj_ = register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_));
+  v_proj_ = register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_));
+  o_proj_ = register_module("o_proj", Projection(num_heads_ * head_dim_, c.hidden_size));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
@@ -86,9 +79,9 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
-  gate_proj_ = register_module("gate_proj", linear(hidden, intermediate));
-  up_proj_ = register_module("up_proj", linear(hidden, intermediate));
-  down_proj_ = register_module("down_proj", linear(intermediate, hidden));
+  gate_proj_ = register_module("gate_proj", Projection(hidden, intermediate));
+  up_proj_ = register_module("up_proj", Projection(hidden, intermediate));
+  down_proj_ = register_module("down_proj", Projection(intermediate, hidden));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {

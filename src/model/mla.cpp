@@ -8,10 +8,6 @@
 namespace dstrain {
 namespace {
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-
 // The norms of the compressed query and key/value take RMSNorm's default epsilon in DeepSeek's
 // modelling code (Hugging Face's and DeepSeek-V3's own), not the configuration's rms_norm_eps.
 constexpr double kLatentNormEps = 1e-6;
@@ -27,16 +23,16 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c)
       scale_(c.softmax_scale()) {
   const int64_t qk = nope_ + rope_dim_;
   if (c.q_lora_rank > 0) {
-    q_a_proj_ = register_module("q_a_proj", linear(c.hidden_size, c.q_lora_rank));
+    q_a_proj_ = register_module("q_a_proj", Projection(c.hidden_size, c.q_lora_rank));
     q_a_layernorm_ = register_module("q_a_layernorm", RMSNorm(c.q_lora_rank, kLatentNormEps));
-    q_b_proj_ = register_module("q_b_proj", linear(c.q_lora_rank, heads_ * qk));
+    q_b_proj_ = register_module("q_b_proj", Projection(c.q_lora_rank, heads_ * qk));
   } else {
-    q_proj_ = register_module("q_proj", linear(c.hidden_size, heads_ * qk));
+    q_proj_ = register_module("q_proj", Projection(c.hidden_size, heads_ * qk));
   }
-  kv_a_proj_with_mqa_ = register_module("kv_a_proj_with_mqa", linear(c.hidden_size, kv_lora_rank_ + rope_dim_));
+  kv_a_proj_with_mqa_ = register_module("kv_a_proj_with_mqa", Projection(c.hidden_size, kv_lora_rank_ + rope_dim_));
   kv_a_layernorm_ = register_module("kv_a_layernorm", RMSNorm(kv_lora_rank_, kLatentNormEps));
-  kv_b_proj_ = register_module("kv_b_proj", linear(kv_lora_rank_, heads_ * (nope_ + v_dim_)));
-  o_proj_ = register_module("o_proj", linear(heads_ * v_dim_, c.hidden_size));
+  kv_b_proj_ = register_module("kv_b_proj", Projection(kv_lora_rank_, heads_ * (nope_ + v_dim_)));
+  o_proj_ = register_module("o_proj", Projection(heads_ * v_dim_, c.hidden_size));
 }
 
 Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {

@@ -7,7 +7,7 @@ MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t
   enorm_ = register_module("enorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   hnorm_ = register_module("hnorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   eh_proj_ = register_module(
-      "eh_proj", torch::nn::Linear(torch::nn::LinearOptions(2 * c.hidden_size, c.hidden_size).bias(false)));
+      "eh_proj", Projection(2 * c.hidden_size, c.hidden_size));
   auto shared_head = register_module("shared_head", std::make_shared<torch::nn::Module>());
   head_norm_ = shared_head->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }

@@ -6,6 +6,7 @@
 
 #include "dstrain/model/kv_cache.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/rope.h"
 
@@ -40,7 +41,7 @@ class AttentionImpl : public torch::nn::Module {
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   int64_t num_heads_, num_kv_heads_, head_dim_;
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 TORCH_MODULE(Attention);
 
@@ -51,7 +52,7 @@ class SwiGLUImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(SwiGLU);
 

@@ -20,6 +20,7 @@
 
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/rope.h"
 
@@ -50,9 +51,9 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
-  torch::nn::Linear q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};
+  Projection q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};
   RMSNorm q_a_layernorm_{nullptr}, kv_a_layernorm_{nullptr};
-  torch::nn::Linear kv_a_proj_with_mqa_{nullptr}, kv_b_proj_{nullptr}, o_proj_{nullptr};
+  Projection kv_a_proj_with_mqa_{nullptr}, kv_b_proj_{nullptr}, o_proj_{nullptr};
 };
 TORCH_MODULE(MultiHeadLatentAttention);
 

@@ -34,7 +34,7 @@ class MultiTokenPredictionImpl : public DecoderLayerImpl {
 
  private:
   RMSNorm enorm_{nullptr}, hnorm_{nullptr}, head_norm_{nullptr};
-  torch::nn::Linear eh_proj_{nullptr};
+  Projection eh_proj_{nullptr};
 };
 TORCH_MODULE(MultiTokenPrediction);
 

@@ -1,0 +1,56 @@
+#include "dstrain/model/projection.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "dstrain/core/weight_gradient_store.h"
+
+namespace dstrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The parameter the W action accumulates into. Not a tensor argument of the autograd function,
+// which would give autograd an edge to its accumulator: that edge belongs to the W action.
+struct DeferredWeight {
+  torch::Tensor parameter;
+};
+
+// x Wᵀ whose weight gradient goes to the WeightGradientStore; the products are those of
+// LibTorch's own linear backward (the input folded to rows): dx = dy W, dW = dyᵀ x.
+class DeferredWeightProjection : public torch::autograd::Function<DeferredWeightProjection> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight_values,
+                               const DeferredWeight& weight) {
+    ctx->save_for_backward({x, weight_values});
+    ctx->saved_data["weight"] = weight.parameter;
+    return torch::nn::functional::linear(x, weight_values);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_values = saved[1];
+    const torch::Tensor grad = grad_outputs[0];
+    const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t in = weight_values.size(1), out = weight_values.size(0);
+    WeightGradientStore::defer(weight, [x, grad, in, out] {
+      return grad.reshape({-1, out}).t().mm(x.reshape({-1, in}));
+    });
+    torch::Tensor grad_x = ctx->needs_input_grad(0) ? grad.matmul(weight_values) : torch::Tensor();
+    return {grad_x, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::zeros({out_features, in_features}));
+}
+
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
+  if (WeightGradientStore::deferring() && torch::GradMode::is_enabled() && weight.requires_grad())
+    return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight});
+  return torch::nn::functional::linear(x, weight);
+}
+
+}  // namespace dstrain
