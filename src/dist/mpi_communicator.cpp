@@ -380,6 +380,42 @@ void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
     if (!transfers[i].send) host[i].copy_out();
 }
 
+namespace {
+
+// A send under way; its staged tensor lives until it completes.
+class MpiSend final : public Work {
+ public:
+  MpiSend(std::function<void(std::vector<MPI_Request>&)> wait, const torch::Tensor& tensor, int bytes, int peer,
+          int tag, MPI_Comm comm)
+      : wait_(std::move(wait)), host_(tensor, /*copy_in=*/true) {
+    MPI_CHECK(MPI_Isend(host_.data(), bytes, MPI_BYTE, peer, tag, comm, request_.data()));
+  }
+  void wait() override { wait_(request_); }
+  bool ready() override {
+    int done = 0;
+    MPI_CHECK(MPI_Test(request_.data(), &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+ private:
+  std::function<void(std::vector<MPI_Request>&)> wait_;
+  HostView host_;
+  std::vector<MPI_Request> request_ = std::vector<MPI_Request>(1, MPI_REQUEST_NULL);
+};
+
+}  // namespace
+
+std::unique_ptr<Work> MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int tag) {
+  require_contiguous(tensor, "send_async");
+  const int world_peer = world_ranks_[peer];
+  auto wait_here = [this, world_peer, tag](std::vector<MPI_Request>& request) {
+    wait(request, [&] {
+      return "point-to-point send to world rank " + std::to_string(world_peer) + ", tag " + std::to_string(tag);
+    });
+  };
+  return std::make_unique<MpiSend>(wait_here, tensor, checked_count(tensor.nbytes()), peer, tag, comm_);
+}
+
 std::string MpiCommunicator::broadcast_string(const std::string& text, int root) {
   torch::Tensor length = torch::full({1}, static_cast<int64_t>(text.size()), torch::kInt64);
   broadcast(length, root);

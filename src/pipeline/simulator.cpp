@@ -11,15 +11,22 @@ namespace {
 
 std::string describe(const Action& a) {
   const char* names[] = {"forward", "backward", "send activation", "receive activation", "send gradient",
-                         "receive gradient"};
+                         "receive gradient", "weight gradient"};
   return std::string(names[static_cast<int>(a.kind)]) + " of micro-batch " + std::to_string(a.microbatch) +
          ", chunk " + std::to_string(a.chunk) + (a.peer >= 0 ? ", peer stage " + std::to_string(a.peer) : "");
 }
 
 }  // namespace
 
+ActionCosts SimulationCosts::of(const Schedule& schedule, int virtual_stage) const {
+  if (!per_virtual_stage.empty()) return per_virtual_stage.at(static_cast<size_t>(virtual_stage));
+  const double v = schedule.virtual_stages;
+  if (schedule.splits_backward()) return {forward / v, (backward - weight) / v, weight / v};
+  return {forward / v, backward / v, 0.0};
+}
+
 SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs) {
-  const int pp = schedule.pp, v = schedule.virtual_stages;
+  const int pp = schedule.pp;
   SimulationResult result;
   result.busy.assign(pp, 0.0);
   result.peak_live.assign(pp, 0);
@@ -57,11 +64,16 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
       while (next[s] < actions.size()) {
         const Action& a = actions[next[s]];
         if (a.is_compute()) {
-          const double cost = (a.kind == ActionKind::kForward ? costs.forward : costs.backward) / v;
+          const ActionCosts c = costs.of(schedule, schedule.virtual_stage(s, a.chunk));
+          const double cost = a.kind == ActionKind::kForward    ? c.forward
+                              : a.kind == ActionKind::kBackward ? c.backward
+                                                                : c.weight;
           result.timeline[s].push_back({clock[s], clock[s] + cost, a});
           clock[s] += cost;
           result.busy[s] += cost;
-          live[s] += a.kind == ActionKind::kForward ? 1 : -1;
+          // A micro-batch's activations stay until its weight gradients are computed.
+          const ActionKind frees = schedule.splits_backward() ? ActionKind::kWeight : ActionKind::kBackward;
+          live[s] += a.kind == ActionKind::kForward ? 1 : a.kind == frees ? -1 : 0;
           result.peak_live[s] = std::max(result.peak_live[s], live[s]);
           ++next[s];
           progress = true;
@@ -80,10 +92,23 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
           posted[s] = true;
           progress = true;
         }
-        // Complete when every transfer of the group has its other end posted.
+        // Complete when every transfer of the group has its other end posted; where sends do not
+        // wait (send_async), when every receive has its send posted, matched by its tag.
         double done = clock[s];
         bool complete = true;
         for (const Pending& p : waiting[s]) {
+          if (schedule.sends_without_waiting()) {
+            if (p.is_send) continue;
+            const TransferId& id = received[p.pair][p.index].id;
+            const auto& posted_sends = sent[p.pair];
+            auto match = std::find_if(posted_sends.begin(), posted_sends.end(), [&](const Posted& x) { return x.id == id; });
+            if (match == posted_sends.end()) {
+              complete = false;
+              break;
+            }
+            done = std::max(done, match->time);
+            continue;
+          }
           auto& mine = p.is_send ? sent[p.pair] : received[p.pair];
           auto& theirs = p.is_send ? received[p.pair] : sent[p.pair];
           if (theirs.size() <= p.index) {
@@ -133,8 +158,10 @@ std::string render_timeline(const SimulationResult& result, double resolution) {
   for (size_t s = 0; s < result.timeline.size(); ++s) {
     std::string row(width, '.');
     for (const auto& span : result.timeline[s]) {
-      const char mark = span.action.kind == ActionKind::kForward ? static_cast<char>('0' + span.action.microbatch % 10)
-                                                                  : static_cast<char>('a' + span.action.microbatch % 26);
+      const int microbatch = span.action.microbatch;
+      const char mark = span.action.kind == ActionKind::kForward    ? static_cast<char>('0' + microbatch % 10)
+                        : span.action.kind == ActionKind::kBackward ? static_cast<char>('a' + microbatch % 26)
+                                                                    : static_cast<char>('A' + microbatch % 26);
       for (int t = static_cast<int>(std::lround(span.start / resolution));
            t < static_cast<int>(std::lround(span.end / resolution)) && t < width; ++t)
         row[t] = mark;

@@ -73,6 +73,11 @@ class Communicator {
   // caller's stream). Between two ranks, transfers in one direction are matched in the order they
   // are posted (NCCL has no tags); the tag must agree at both ends all the same.
   virtual void exchange(std::vector<Transfer>& transfers) = 0;
+  // Starts sending `tensor` (kept until the send completes) and returns at once: the sender goes
+  // on computing whether or not the receiver has posted its receive yet, which the zero-bubble
+  // schedules need. The receiver's exchange matches it by tag. The MPI backend only: NCCL queues a
+  // send on the stream its receives wait on, where it would block them (Error kUsage).
+  virtual std::unique_ptr<Work> send_async(const torch::Tensor& tensor, int peer, int tag) = 0;
   virtual void barrier() = 0;
   // Waits until every operation issued so far has completed. A backend that queues work on the
   // GPU (NCCL) ends a hung operation after its timeout with a communication error (exit code 5)

@@ -1,6 +1,6 @@
 // Runs a schedule on paper: each stage works through its actions, computes take the given time,
 // transfer groups complete when their peers have posted the matching transfers (in the order the
-// peers post them, as NCCL matches them). Reports deadlocks, idle time, the bubble and how many
+// peers post them, as NCCL matches them; by tag where sends do not wait for their receivers). Reports deadlocks, idle time, the bubble and how many
 // micro-batches' activations each stage keeps alive at once.
 #pragma once
 
@@ -11,9 +11,20 @@
 
 namespace dstrain {
 
+// What one action of a virtual stage takes: a forward, a backward (the input's gradient alone
+// where the schedule splits it) and a weight-gradient action.
+struct ActionCosts {
+  double forward = 0, backward = 0, weight = 0;
+};
+
 struct SimulationCosts {
   double forward = 1.0, backward = 2.0;  // of one micro-batch through a whole stage (all its chunks)
+  double weight = 1.0;                   // the part of `backward` that is the weights' gradients (W)
   double transfer = 0.0;                 // of one point-to-point group
+  // Measured ones, per virtual stage; when given, they replace the uniform costs above.
+  std::vector<ActionCosts> per_virtual_stage;
+
+  ActionCosts of(const Schedule& schedule, int virtual_stage) const;
 };
 
 struct SimulationResult {
@@ -22,7 +33,7 @@ struct SimulationResult {
   double makespan = 0;               // until the last stage finishes
   std::vector<double> busy, idle;    // per stage; idle = makespan - busy
   double bubble_fraction = 0;        // total idle / (stages × makespan)
-  std::vector<int> peak_live;        // per stage: most micro-batch chunks with activations kept
+  std::vector<int> peak_live;        // per stage: most micro-batch chunks with activations kept (until W)
   // Per stage: [start, end) of each compute action, in the stage's order.
   struct Span {
     double start, end;
@@ -34,7 +45,8 @@ struct SimulationResult {
 SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs);
 
 // One row per stage: a character per `resolution` time units: forwards as the micro-batch's
-// last digit, backwards as a letter (a = 0, b = 1, ...), idle as '.'.
+// last digit, backwards as a letter (a = 0, b = 1, ...), weight gradients as the upper-case
+// letter, idle as '.'.
 std::string render_timeline(const SimulationResult& result, double resolution);
 
 }  // namespace dstrain

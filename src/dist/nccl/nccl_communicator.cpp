@@ -275,6 +275,12 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override {
+    throw Error(ExitCode::kUsage,
+                "the zero-bubble schedules (zb-h1, zbv, dualpipev) send without waiting for the receiver, which the "
+                "NCCL backend cannot do yet; use comm.backend = mpi, or another parallel.schedule");
+  }
+
   void barrier() override {
     synchronize();
     MPI_CHECK(MPI_Barrier(mpi_));
