@@ -15,7 +15,8 @@ void add_parallel_options(OptionTable& t) {
         "grid dimensions, innermost (consecutive ranks) first: dp-pp keeps data-parallel groups on consecutive "
         "ranks, pp-dp pipeline groups; expert parallelism lies inside dp, its innermost part");
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
-        "pipeline schedule: gpipe, 1f1b, or interleaved (1F1B over virtual_stages chunks per stage)");
+        "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
+        "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V; comm.backend mpi)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",
         "model chunks per pipeline stage (interleaved schedule: 2 or more)");
   t.add("parallel.stage_layers", OptionKind::kString, "",
@@ -44,7 +45,7 @@ void add_comm_options(OptionTable& t) {
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
-  c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved"});
+  c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"});
   c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 1, 1024));
   const std::string layers = o.get_string("parallel.stage_layers");
   if (!layers.empty() && !parse_integer_list(layers, &c.stage_layers))

@@ -1,5 +1,9 @@
 #include "dstrain/pipeline/executor.h"
 
+#include <algorithm>
+#include <array>
+#include <optional>
+
 #include "dstrain/core/error.h"
 
 namespace dstrain {
@@ -41,6 +45,9 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
     if (loss_scale.defined()) factor = factor * loss_scale;
   }
   model_.begin_pass(training, factor);
+  // Zero-bubble schedules: every projection built in this step leaves its weight gradient to W.
+  std::optional<WeightGradientStore::Deferral> deferral;
+  if (training && schedule.splits_backward()) deferral.emplace();
   // The pipeline's bubble, which the log reports for training steps with pp > 1; without that
   // the events would pile up unread.
   const bool timed = training && pp_group_.size() > 1;
@@ -66,16 +73,26 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
         exchange(schedule, transfers, training, timed);
         transfers.clear();
       }
-    } else if (a.kind == ActionKind::kForward) {
+      continue;
+    }
+    const accel::Timestamp start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
+    if (a.kind == ActionKind::kForward) {
       const bool first = schedule.virtual_stage(stage_, a.chunk) == 0;
       const bool last = schedule.virtual_stage(stage_, a.chunk) == schedule.last_virtual_stage();
       forward(schedule, a, first || last ? tokens(a.microbatch) : torch::Tensor(), training, loss_divisor,
               loss_scale, sums);
-    } else {
+    } else if (a.kind == ActionKind::kBackward) {
       backward(schedule, a);
+    } else {
+      weight_gradients_.compute({a.microbatch, a.chunk});
     }
+    if (timed) computes_.push_back({a.kind, a.chunk, start, accel::Timestamp::now(device)});
   }
-  if (!inputs_.empty() || !outputs_.empty() || !received_grads_.empty())
+  const accel::Timestamp sends_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
+  for (auto& send : sends_) send->wait();
+  sends_.clear();
+  if (timed) waits_.emplace_back(sends_start, accel::Timestamp::now(device));
+  if (!inputs_.empty() || !outputs_.empty() || !received_grads_.empty() || !weight_gradients_.empty())
     throw Error(ExitCode::kInternal, "pipeline: the schedule left activations behind on stage " + std::to_string(stage_));
   if (timed) steps_.emplace_back(step_start, accel::Timestamp::now(device));
   return sums;
@@ -88,7 +105,11 @@ void PipelineExecutor::forward(const Schedule& schedule, const Action& a, const 
   torch::Tensor input = vs == 0 ? tokens.narrow(1, 0, shape_.seq_len) : inputs_.at(key);
   if (!training) inputs_.erase(key);  // no backward will need it
   if (vs != schedule.last_virtual_stage()) {
-    outputs_[key] = model_.forward(a.chunk, input);
+    torch::Tensor& output = outputs_[key] = model_.forward(a.chunk, input);
+    if (schedule.stage_of(vs + 1) == stage_) {  // the next virtual stage is here (a V's turn): no transfer
+      inputs_[{a.microbatch, schedule.chunk_of(vs + 1)}] = output.detach().requires_grad_(training);
+      if (!training) outputs_.erase(key);
+    }
     return;
   }
   const MicroBatchLosses losses = model_.losses(a.chunk, input, tokens);
@@ -108,14 +129,23 @@ void PipelineExecutor::backward(const Schedule& schedule, const Action& a) {
   const int vs = schedule.virtual_stage(stage_, a.chunk);
   torch::Tensor output = outputs_.at(key);
   outputs_.erase(key);
-  if (vs == schedule.last_virtual_stage()) {
-    output.backward();
-  } else {
-    torch::Tensor grad = received_grads_.at(key);
+  torch::Tensor grad;  // none on the last virtual stage: the objective's own
+  if (vs != schedule.last_virtual_stage()) {
+    grad = received_grads_.at(key);
     received_grads_.erase(key);
-    output.backward(grad);
   }
-  if (vs == 0) inputs_.erase(key);  // token ids: nothing to send back
+  auto backward = [&] { grad.defined() ? output.backward(grad) : output.backward(); };
+  // A split backward pass (B) leaves the projections' weight gradients for the W action.
+  if (schedule.splits_backward())
+    weight_gradients_.collect({a.microbatch, a.chunk}, backward);
+  else
+    backward();
+  if (vs == 0) {
+    inputs_.erase(key);  // token ids: nothing to send back
+  } else if (schedule.stage_of(vs - 1) == stage_) {  // the previous virtual stage is here: no transfer
+    received_grads_[{a.microbatch, schedule.chunk_of(vs - 1)}] = inputs_.at(key).grad();
+    inputs_.erase(key);
+  }
 }
 
 void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training,
@@ -146,10 +176,14 @@ void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Acti
       default:
         break;
     }
+    if (t.send && schedule.sends_without_waiting()) {
+      sends_.push_back(pp_group_.send_async(t.tensor, t.peer, t.tag));  // completed at the step's end
+      continue;
+    }
     group.push_back(std::move(t));
   }
   const accel::Timestamp wait_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
-  pp_group_.exchange(group);
+  if (!group.empty()) pp_group_.exchange(group);
   if (timed) waits_.emplace_back(wait_start, accel::Timestamp::now(device));
   for (size_t r = 0, g = 0; g < group.size(); ++g) {
     if (group[g].send) continue;
@@ -168,6 +202,27 @@ std::pair<double, double> PipelineExecutor::take_wait_and_span() {
   waits_.clear();
   steps_.clear();
   return {wait, span};
+}
+
+std::vector<ActionCosts> PipelineExecutor::take_action_costs() {
+  if (computes_.empty()) return {};
+  std::vector<ActionCosts> sums(static_cast<size_t>(train_.virtual_stages));
+  std::vector<std::array<int, 3>> counts(sums.size(), {0, 0, 0});
+  for (const ComputeSpan& span : computes_) {
+    const double seconds = span.end.seconds_since(span.start);
+    ActionCosts& sum = sums[static_cast<size_t>(span.chunk)];
+    std::array<int, 3>& count = counts[static_cast<size_t>(span.chunk)];
+    if (span.kind == ActionKind::kForward) sum.forward += seconds, ++count[0];
+    if (span.kind == ActionKind::kBackward) sum.backward += seconds, ++count[1];
+    if (span.kind == ActionKind::kWeight) sum.weight += seconds, ++count[2];
+  }
+  computes_.clear();
+  for (size_t c = 0; c < sums.size(); ++c) {
+    sums[c].forward /= std::max(1, counts[c][0]);
+    sums[c].backward /= std::max(1, counts[c][1]);
+    sums[c].weight /= std::max(1, counts[c][2]);
+  }
+  return sums;
 }
 
 }  // namespace dstrain

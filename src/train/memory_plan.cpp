@@ -41,13 +41,10 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_atte
 // simulator counts (micro-batch, chunk) pairs; a stage's chunks are taken as equal): GPipe keeps
 // every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where the
 // multi-token prediction modules sit unrecomputed, keeps one.
-std::vector<int64_t> micro_batches_in_flight(const TrainConfig& c) {
-  const ParallelConfig& p = c.parallel;
-  const Schedule schedule = make_schedule(schedule_kind_named(p.schedule), p.pp, p.virtual_stages,
-                                          static_cast<int>(c.loop.grad_accum));
+std::vector<int64_t> micro_batches_in_flight(const Schedule& schedule) {
   std::vector<int64_t> in_flight;
   for (int chunks : simulate(schedule, SimulationCosts{}).peak_live)
-    in_flight.push_back((chunks + p.virtual_stages - 1) / p.virtual_stages);
+    in_flight.push_back((chunks + schedule.virtual_stages - 1) / schedule.virtual_stages);
   return in_flight;
 }
 
@@ -77,13 +74,16 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
 MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
   const int pp = c.parallel.pp, chunks = c.parallel.virtual_stages;
   const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
+  const Schedule schedule = make_schedule(schedule_kind_named(c.parallel.schedule), pp, chunks,
+                                          static_cast<int>(c.loop.grad_accum));
   ActivationMemoryOptions options = activation_options(c, fused_attention);
-  const std::vector<int64_t> in_flight = micro_batches_in_flight(c);
+  const std::vector<int64_t> in_flight = micro_batches_in_flight(schedule);
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     options.micro_batches_in_flight = in_flight[static_cast<size_t>(stage)];
     std::vector<LayerSlice> mine;
-    for (int chunk = 0; chunk < chunks; ++chunk) mine.push_back(slices[static_cast<size_t>(chunk * pp + stage)]);
+    for (int chunk = 0; chunk < chunks; ++chunk)
+      mine.push_back(slices[static_cast<size_t>(schedule.virtual_stage(stage, chunk))]);
     const MemoryPlan state = state_memory(c, stage_parameters(c.model, mine));
     if (state.total() > plan.parameters + plan.gradients + plan.optimizer_state) {
       plan.parameters = state.parameters;

@@ -35,9 +35,12 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
   RankStage rank;
   rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
+  const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
+  const int microbatches = static_cast<int>(c.loop.grad_accum);
+  Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
-    LayerSlice slice = rank.slices[chunk * pp + stage];
+    LayerSlice slice = rank.slices[training.virtual_stage(stage, chunk)];
     slice.experts = {parallel.ep_rank(), parallel.ep};
     CausalLM model(c.model, slice);
     if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
@@ -48,11 +51,9 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
   for (auto [index, moe] : rank.model->moe_layers()) moe->set_expert_group(parallel.ep_group.get());
-  const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
-  const int microbatches = static_cast<int>(c.loop.grad_accum);
+  Schedule evaluation = make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches, training.v_shape);
   rank.executor = std::make_unique<PipelineExecutor>(
-      make_schedule(schedule, pp, chunks_per_stage, microbatches),
-      make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches), stage, *rank.model,
+      std::move(training), std::move(evaluation), stage, *rank.model,
       *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
   return rank;
 }

@@ -18,10 +18,14 @@ namespace {
 const std::vector<std::string> kModel = {"--train.device", "cpu", "--model.num_layers", "8", "--train.micro_batch",
                                          "1", "--train.global_batch", "8", "--ckpt.save_final", "true"};
 
+bool two_chunks(const std::string& schedule) {
+  return schedule == "interleaved" || schedule == "zbv" || schedule == "dualpipev";
+}
+
 RunOutput train(int dp, int pp, const std::string& schedule, const std::string& run_dir) {
   std::vector<std::string> args = kModel;
   args.insert(args.end(), {"--parallel.pp", std::to_string(pp), "--parallel.schedule", schedule,
-                           "--parallel.virtual_stages", schedule == "interleaved" ? "2" : "1"});
+                           "--parallel.virtual_stages", two_chunks(schedule) ? "2" : "1"});
   return train_tiny(dp * pp, run_dir, args);
 }
 
@@ -88,7 +92,10 @@ TEST_P(PipelineLayouts, LossesAndFinalParametersEqualOneRank) {
 INSTANTIATE_TEST_SUITE_P(EveryScheduleAndLayout, PipelineLayouts,
                          ::testing::Values(Layout{1, 2, "gpipe"}, Layout{1, 2, "1f1b"}, Layout{1, 2, "interleaved"},
                                            Layout{2, 2, "gpipe"}, Layout{2, 2, "1f1b"}, Layout{2, 2, "interleaved"},
-                                           Layout{1, 4, "gpipe"}, Layout{1, 4, "1f1b"}, Layout{1, 4, "interleaved"}),
+                                           Layout{1, 4, "gpipe"}, Layout{1, 4, "1f1b"}, Layout{1, 4, "interleaved"},
+                                           Layout{1, 2, "zb-h1"}, Layout{1, 2, "zbv"}, Layout{1, 2, "dualpipev"},
+                                           Layout{2, 2, "zb-h1"}, Layout{2, 2, "zbv"}, Layout{2, 2, "dualpipev"},
+                                           Layout{1, 4, "zb-h1"}, Layout{1, 4, "zbv"}, Layout{1, 4, "dualpipev"}),
                          [](const ::testing::TestParamInfo<Layout>& info) {
                            std::string n = name(info.param);
                            for (char& c : n)
@@ -147,6 +154,9 @@ TEST(Pipeline, ImpossibleLayoutsAreConfigurationErrors) {
       {2, {"--parallel.pp", "2", "--parallel.stage_layers", "2,1"}, "parallel.stage_layers = 2,1"},
       {2, {"--parallel.pp", "2", "--parallel.stage_layers", "1;1"}, "parallel.stage_layers = 1;1"},
       {2, {"--parallel.schedule", "zero-bubble"}, "parallel.schedule = zero-bubble"},
+      {2, {"--parallel.pp", "2", "--parallel.schedule", "zbv"}, "parallel.virtual_stages = 1"},
+      {2, {"--parallel.pp", "2", "--parallel.schedule", "dualpipev", "--parallel.virtual_stages", "2",
+           "--train.grad_accum", "3"}, "train.grad_accum = 3"},
       {3, {"--parallel.pp", "2"}, "parallel.pp = 2: must divide the number of ranks (3)"},
   };
   for (const Case& c : cases) {

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "dstrain/core/accelerator.h"
+#include "dstrain/core/weight_gradient_store.h"
 #include "dstrain/dist/communicator.h"
 #include "dstrain/pipeline/schedule.h"
+#include "dstrain/pipeline/simulator.h"
 #include "dstrain/pipeline/stage.h"
 
 namespace dstrain {
@@ -52,6 +54,10 @@ class PipelineExecutor {
   // Seconds this stage's device waited for transfers, and the seconds the training steps took,
   // since the last call (synchronises); both 0 with a single stage, which is not timed.
   std::pair<double, double> take_wait_and_span();
+  // What one forward, backward and weight-gradient action of each of this stage's chunks took on
+  // average since the last call (seconds; synchronises); empty with a single stage.
+  std::vector<ActionCosts> take_action_costs();
+  const Schedule& training_schedule() const { return train_; }
 
  private:
   using Key = std::tuple<int, int>;  // (micro-batch, chunk)
@@ -76,7 +82,15 @@ class PipelineExecutor {
   // gradient) and the output (activation to send back the gradient through, or the loss).
   std::map<Key, torch::Tensor> inputs_, outputs_;
   std::map<Key, torch::Tensor> received_grads_;
+  WeightGradientStore weight_gradients_;       // split backward passes: the W actions' work
+  std::vector<std::unique_ptr<Work>> sends_;  // schedules whose sends do not wait: this step's
   std::vector<std::pair<accel::Timestamp, accel::Timestamp>> waits_, steps_;
+  struct ComputeSpan {
+    ActionKind kind;
+    int chunk;
+    accel::Timestamp start, end;
+  };
+  std::vector<ComputeSpan> computes_;
 };
 
 }  // namespace dstrain
