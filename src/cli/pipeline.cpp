@@ -16,6 +16,38 @@ namespace po = boost::program_options;
 
 namespace dstrain {
 
+namespace {
+
+// What the schedule's paper says, beside what the simulation gives: GPipe's and 1F1B's fraction,
+// ZB-H1's and DualPipeV's idle time per stage (F, B, W: a chunk's forward, input gradient and
+// weight gradient), under the assumptions the papers make.
+void print_published_bubble(ScheduleKind kind, int pp, int m, const SimulationCosts& costs) {
+  const double v = kind == ScheduleKind::kZbV || kind == ScheduleKind::kDualPipeV ? 2 : 1;
+  const double f = costs.forward / v, w = costs.weight / v, b = costs.backward / v - w;
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB:
+      std::printf("published: (p - 1)/(m + p - 1) = %.4f of the step\n", double(pp - 1) / (m + pp - 1));
+      break;
+    case ScheduleKind::kZbH1:
+      std::printf("published (Qi et al. 2024, for W <= F and W <= B, m >= p): (p - 1)(F + B - W) = %.2f idle\n",
+                  (pp - 1) * (f + b - w));
+      break;
+    case ScheduleKind::kZbV:
+      std::printf("published (Qi et al. 2024): no idle time once a stage has started, for F = B = W and m >= 2p - 1\n");
+      break;
+    case ScheduleKind::kDualPipeV:
+      std::printf("published (deepseek-ai/DualPipe, with F&B = F + B unoverlapped; exact for F = B): "
+                  "(p - 1)(F&B + B - 3W) = %.2f idle on the most idle stage\n",
+                  (pp - 1) * ((f + b + w) + (b + w) - 3 * w));
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
 int pipeline_command(const std::vector<std::string>& args) {
   int pp = 0, microbatches = 0, virtual_stages = 1;
   std::string schedule_name_given = "1f1b";
@@ -24,10 +56,14 @@ int pipeline_command(const std::vector<std::string>& args) {
   description.add_options()("help,h", "this help")(
       "pp", po::value<int>(&pp)->required(), "pipeline stages")(
       "microbatches", po::value<int>(&microbatches)->required(), "micro-batches per step (train.grad_accum)")(
-      "schedule", po::value<std::string>(&schedule_name_given)->default_value("1f1b"), "gpipe, 1f1b or interleaved")(
-      "virtual-stages", po::value<int>(&virtual_stages)->default_value(1), "model chunks per stage (interleaved)")(
+      "schedule", po::value<std::string>(&schedule_name_given)->default_value("1f1b"),
+      "gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev")(
+      "virtual-stages", po::value<int>(&virtual_stages)->default_value(1),
+      "model chunks per stage (interleaved; 2 for zbv and dualpipev)")(
       "forward-cost", po::value<double>(&costs.forward)->default_value(1.0), "time of one micro-batch's forward through a stage")(
-      "backward-cost", po::value<double>(&costs.backward)->default_value(2.0), "... and its backward")(
+      "backward-cost", po::value<double>(&costs.backward)->default_value(2.0), "... and its whole backward")(
+      "weight-cost", po::value<double>(&costs.weight)->default_value(1.0),
+      "... of which the weights' gradients (W; zb-h1, zbv, dualpipev)")(
       "transfer-cost", po::value<double>(&costs.transfer)->default_value(0.0), "time of one group of point-to-point transfers");
   const bool help = args.empty() || args[0] != "simulate" ||
                     std::find(args.begin(), args.end(), "--help") != args.end();
@@ -43,21 +79,30 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (microbatches < 1) throw config_error("--microbatches", std::to_string(microbatches), "expected at least 1");
   if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)
     throw config_error("--forward-cost/--backward-cost/--transfer-cost", "", "expected positive costs");
+  if (!(costs.weight >= 0) || !(costs.weight < costs.backward))
+    throw config_error("--weight-cost", std::to_string(costs.weight), "expected at least 0 and less than --backward-cost");
   const ScheduleKind kind = schedule_kind_named(schedule_name_given);
   check_schedule(kind, pp, virtual_stages, microbatches);
 
-  const SimulationResult r = simulate(make_schedule(kind, pp, virtual_stages, microbatches), costs);
+  const Schedule schedule = make_schedule(kind, pp, virtual_stages, microbatches);
+  const SimulationResult r = simulate(schedule, costs);
   if (r.deadlock) throw Error(ExitCode::kInternal, "pipeline simulate: " + r.problem);
-  std::printf("%s, %d stages, %d chunk(s) per stage, %d micro-batches; forward %g, backward %g, transfer %g\n\n",
-              schedule_name(kind), pp, virtual_stages, microbatches, costs.forward, costs.backward, costs.transfer);
+  std::printf("%s, %d stages, %d chunk(s) per stage, %d micro-batches; forward %g, backward %g", schedule_name(kind),
+              pp, virtual_stages, microbatches, costs.forward, costs.backward);
+  if (schedule.splits_backward()) std::printf(" (weights %g)", costs.weight);
+  std::printf(", transfer %g\n\n", costs.transfer);
   std::printf("stage      busy      idle   peak live activations\n");
   for (int s = 0; s < pp; ++s)
     std::printf("%5d %9.2f %9.2f   %d\n", s, r.busy[s], r.idle[s], r.peak_live[s]);
-  std::printf("\nstep time %.2f; bubble fraction %.4f", r.makespan, r.bubble_fraction);
-  if (kind != ScheduleKind::kInterleaved && costs.transfer == 0)
-    std::printf(" (theory (p - 1)/(m + p - 1) = %.4f)", double(pp - 1) / (microbatches + pp - 1));
-  std::printf("\n\n%s", render_timeline(r, std::min(costs.forward, costs.backward) / virtual_stages).c_str());
-  std::printf("(forwards: micro-batch mod 10; backwards: a = 0, b = 1, ...; idle: .)\n");
+  std::printf("\nstep time %.2f; bubble fraction %.4f; most idle stage %.2f\n", r.makespan, r.bubble_fraction,
+              *std::max_element(r.idle.begin(), r.idle.end()));
+  if (costs.transfer == 0) print_published_bubble(kind, pp, microbatches, costs);
+  double resolution = std::min(costs.forward, costs.backward);
+  if (schedule.splits_backward() && costs.weight > 0)
+    resolution = std::min({costs.forward, costs.backward - costs.weight, costs.weight});
+  std::printf("\n%s", render_timeline(r, resolution / virtual_stages).c_str());
+  std::printf("(forwards: micro-batch mod 10; backwards: a = 0, b = 1, ...;%s idle: .)\n",
+              schedule.splits_backward() ? " weight gradients: A = 0, B = 1, ...;" : "");
   return 0;
 }
 

@@ -30,6 +30,7 @@ std::string optional_fields_text(const nlohmann::json& r) {
   add("mfu", " | MFU %.1f%%", 100);
   add("memory_gib", " | %.1f GiB");
   add("pipeline_idle", " | bubble %.0f%%", 100);
+  add("pipeline_idle_predicted", " (predicted %.0f%%)", 100);
   auto add_worst_layer = [&](const char* key, const char* format) {
     if (!r.contains(key)) return;
     double worst = 0;
@@ -165,12 +166,49 @@ void StepReport::write_evaluation(int64_t step, double loss) {
   for (const auto& sink : sinks_) sink->write(record);
 }
 
+namespace {
+
+// What one forward, backward and weight-gradient action of each virtual stage took in the
+// interval, averaged over the data-parallel replicas: every rank fills its own stage's places.
+std::vector<ActionCosts> measured_action_costs(PipelineExecutor& executor, ParallelContext& parallel) {
+  const Schedule& schedule = executor.training_schedule();
+  const int virtual_stages = schedule.pp * schedule.virtual_stages;
+  torch::Tensor costs = torch::zeros({virtual_stages, 3}, torch::kFloat64);
+  const std::vector<ActionCosts> mine = executor.take_action_costs();
+  for (size_t chunk = 0; chunk < mine.size(); ++chunk) {
+    const int vs = schedule.virtual_stage(parallel.coord.pp, static_cast<int>(chunk));
+    costs[vs][0] = mine[chunk].forward;
+    costs[vs][1] = mine[chunk].backward;
+    costs[vs][2] = mine[chunk].weight;
+  }
+  parallel.world->all_reduce(costs, ReduceOp::kSum);
+  costs /= parallel.grid.dp();
+  std::vector<ActionCosts> by_virtual_stage;
+  for (int vs = 0; vs < virtual_stages; ++vs)
+    by_virtual_stage.push_back({costs[vs][0].item<double>(), costs[vs][1].item<double>(), costs[vs][2].item<double>()});
+  return by_virtual_stage;
+}
+
+}  // namespace
+
 StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, ParallelContext& parallel) {
   return [&executor, &parallel](nlohmann::json& record) {
     const auto [waited, span] = executor.take_wait_and_span();
     torch::Tensor idle = torch::full({1}, span > 0 ? waited / span : 0.0, torch::kFloat64);
     parallel.world->all_reduce(idle, ReduceOp::kAvg);
     record["pipeline_idle"] = idle.item<double>();
+    // Beside it, what the schedule would idle if its actions took the times measured and the
+    // transfers none (the simulator), and those times.
+    SimulationCosts costs;
+    costs.per_virtual_stage = measured_action_costs(executor, parallel);
+    const SimulationResult predicted = simulate(executor.training_schedule(), costs);
+    if (!predicted.deadlock) record["pipeline_idle_predicted"] = predicted.bubble_fraction;
+    nlohmann::json& ms = record["pipeline_action_ms"] = nlohmann::json::object();
+    for (const ActionCosts& c : costs.per_virtual_stage) {
+      ms["forward"].push_back(1000 * c.forward);
+      ms["backward"].push_back(1000 * c.backward);
+      if (executor.training_schedule().splits_backward()) ms["weight"].push_back(1000 * c.weight);
+    }
   };
 }
 

@@ -71,6 +71,22 @@ TEST_P(PipelineLayouts, LossesAndFinalParametersEqualOneRank) {
     ASSERT_TRUE(mine[i].contains("pipeline_idle"));
     EXPECT_GE(mine[i]["pipeline_idle"].get<double>(), 0.0);
     EXPECT_LT(mine[i]["pipeline_idle"].get<double>(), 1.0);
+    // Beside it the simulator's, from the times each kind of action took on each virtual stage;
+    // the weight-gradient actions of the split backward passes among them.
+    ASSERT_TRUE(mine[i].contains("pipeline_idle_predicted"));
+    EXPECT_GE(mine[i]["pipeline_idle_predicted"].get<double>(), 0.0);
+    EXPECT_LT(mine[i]["pipeline_idle_predicted"].get<double>(), 1.0);
+    const nlohmann::json& ms = mine[i]["pipeline_action_ms"];
+    const size_t virtual_stages = layout.pp * (two_chunks(layout.schedule) ? 2 : 1);
+    ASSERT_EQ(ms["forward"].size(), virtual_stages);
+    ASSERT_EQ(ms["backward"].size(), virtual_stages);
+    const bool split = layout.schedule == "zb-h1" || layout.schedule == "zbv" || layout.schedule == "dualpipev";
+    ASSERT_EQ(ms.contains("weight"), split);
+    for (size_t vs = 0; vs < virtual_stages; ++vs) {
+      EXPECT_GT(ms["forward"][vs].get<double>(), 0.0);
+      EXPECT_GT(ms["backward"][vs].get<double>(), 0.0);
+      if (split) EXPECT_GT(ms["weight"][vs].get<double>(), 0.0) << "virtual stage " << vs;
+    }
   }
   auto eval_mine = eval_records(dir), eval_reference = eval_records(single_rank());
   ASSERT_EQ(eval_mine.size(), eval_reference.size());
