@@ -18,7 +18,7 @@ void add_parallel_options(OptionTable& t) {
         "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
         "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V; comm.backend mpi)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",
-        "model chunks per pipeline stage (interleaved schedule: 2 or more)");
+        "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2)");
   t.add("parallel.stage_layers", OptionKind::kString, "",
         "layers of each virtual stage, e.g. 9,8,8,7 (empty: balanced by FLOPs, the LM head counted)");
 }

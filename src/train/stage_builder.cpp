@@ -38,6 +38,10 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
+  if (pp > 1 && training.sends_without_waiting() && parallel.pp_group->backend() == "nccl")
+    throw config_error("parallel.schedule", c.parallel.schedule,
+                       "its sends go without waiting for the receiver, which the NCCL backend cannot do yet; use "
+                       "comm.backend = mpi, or gpipe, 1f1b or interleaved");
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
     LayerSlice slice = rank.slices[training.virtual_stage(stage, chunk)];

@@ -122,3 +122,21 @@ TEST_F(GpuTraining, ExpertParallelOnOneGpuMatchesTheCpu) {
   expect_close_losses(gpu, cpu, 1e-3);
   EXPECT_TRUE(train_records(gpu).back().contains("ep_ranks_per_token"));
 }
+
+// The zero-bubble schedules on the GPU: the backward pass split into input and weight gradients
+// (the weight-gradient store's products run on the device, its backward pass on autograd's device
+// thread) and DualPipeV's V over two stages sharing the GPU through the MPI backend: the CPU's
+// losses, up to the GPU kernels' order of sums.
+TEST_F(GpuTraining, ZeroBubbleSchedulesOnOneGpuMatchTheCpu) {
+  std::string cpu = scratch_dir("gpu-zb-cpu-reference");
+  RunOutput reference = train_tiny_v3(1, cpu, {"--train.device", "cpu", "--model.num_layers", "4"});
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  for (const std::string& schedule : {"zb-h1", "dualpipev"}) {
+    std::string gpu = scratch_dir("gpu-" + schedule);
+    RunOutput run = train_tiny_v3(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--model.num_layers", "4",
+                                           "--parallel.pp", "2", "--parallel.schedule", schedule,
+                                           "--parallel.virtual_stages", schedule == "dualpipev" ? "2" : "1"});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    expect_close_losses(gpu, cpu, 1e-3);
+  }
+}
