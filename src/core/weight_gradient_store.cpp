@@ -75,9 +75,21 @@ void WeightGradientStore::compute(const Key& key) {
       }
     }
   }
-  // One weight at a time, in the backward pass's order: the buckets fill as they would without
-  // deferral.
-  for (size_t i = 0; i < weights.size(); ++i) torch::autograd::backward({weights[i]}, {gradients[i]});
+  // To the accumulators in the backward pass's order, in batches of about kBatchBytes: one call of
+  // the autograd engine costs tens of microseconds, and a chunk has dozens of projections, but
+  // the whole chunk's gradients at once would hold a copy of its weights.
+  constexpr int64_t kBatchBytes = int64_t{32} << 20;
+  size_t first = 0;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    bytes += gradients[i].nbytes();
+    if (bytes < kBatchBytes && i + 1 < weights.size()) continue;
+    torch::autograd::backward(std::vector<torch::Tensor>(weights.begin() + first, weights.begin() + i + 1),
+                              std::vector<torch::Tensor>(gradients.begin() + first, gradients.begin() + i + 1));
+    for (size_t j = first; j <= i; ++j) gradients[j] = torch::Tensor();
+    first = i + 1;
+    bytes = 0;
+  }
 }
 
 }  // namespace dstrain
