@@ -33,11 +33,10 @@ for pp in 2 4; do
     python3 - "$run/metrics.jsonl" "$pp" "$schedule" <<'PY'
 import json, sys
 last = [json.loads(line) for line in open(sys.argv[1]) if '"pipeline_idle"' in line][-1]
-ms = last["pipeline_action_ms"]
-mean = lambda key: sum(ms[key]) / len(ms[key]) if key in ms else 0.0
+mean = lambda key: sum(last[key]) / len(last[key]) if key in last else 0.0
 print(f"{sys.argv[2]:<3} {sys.argv[3]:<12} {last['step_time_s']:9.3f} {last['tokens_per_s']:9.0f} "
       f"{100 * last['pipeline_idle']:8.1f}% {100 * last['pipeline_idle_predicted']:9.1f}%   "
-      f"{mean('forward'):.1f} / {mean('backward'):.1f} / {mean('weight'):.1f}")
+      f"{mean('pipeline_forward_ms'):.1f} / {mean('pipeline_backward_ms'):.1f} / {mean('pipeline_weight_ms'):.1f}")
 PY
   done
 done

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dstrain/dist/mpi_check.h"
+#include "dstrain/dist/mpi_progress.h"
 #include "dstrain/dist/peer_health.h"
 
 namespace dstrain {
@@ -185,13 +186,21 @@ std::string MpiCommunicator::describe_group() const {
 }
 
 void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what) {
+  wait_until(
+      [&] {
+        int done = 0;
+        MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      what);
+}
+
+void MpiCommunicator::wait_until(const std::function<bool()>& done, const std::function<std::string()>& what) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const peer_health::Waiting waiting(what);  // what a peer that asks is told
   for (int polls = 0;; ++polls) {
-    int done = 0;
-    MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
-    if (done) return;
+    if (done()) return;
     peer_health::answer();
     if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) throw timeout_error(what());
     // Spin briefly (most operations finish at once), then leave the core to the others.
@@ -223,35 +232,41 @@ namespace {
 
 // A nonblocking reduction of host-staged tensors (at most 2^31 - 1 elements): `output` in place
 // (all-reduce) or from `input` (reduce-scatter). wait() completes it and copies the result back.
+// How an operation under way is waited for: until `done`, within the communicator's timeout.
+using WaitUntil = std::function<void(const std::function<bool()>& done)>;
+
+// An MPI request that the progress thread (mpi_progress.h) keeps moving, if it runs.
+std::unique_ptr<mpi_progress::Watched> started(const std::function<void(MPI_Request*)>& start) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  start(&request);
+  return std::make_unique<mpi_progress::Watched>(request);
+}
+
 class MpiReduction final : public Work {
  public:
   using Start = std::function<void(const void* input, void* output, MPI_Request* request)>;
-  MpiReduction(std::function<void(std::vector<MPI_Request>&)> wait, torch::Tensor output,
-               const torch::Tensor* input, ReduceOp op, int size, const Start& start)
+  MpiReduction(WaitUntil wait, torch::Tensor output, const torch::Tensor* input, ReduceOp op, int size,
+               const Start& start)
       : wait_(std::move(wait)), output_(std::move(output)), out_(output_, /*copy_in=*/input == nullptr), op_(op),
         size_(size) {
     if (input) in_.emplace(*input, /*copy_in=*/true);
-    start(in_ ? in_->data() : MPI_IN_PLACE, out_.data(), request_.data());
+    request_ = started([&](MPI_Request* request) { start(in_ ? in_->data() : MPI_IN_PLACE, out_.data(), request); });
   }
   void wait() override {
-    wait_(request_);
+    wait_([this] { return request_->test(); });
     out_.copy_out();
     finish_average(output_, op_, size_);
   }
-  bool ready() override {
-    int done = 0;
-    MPI_CHECK(MPI_Test(request_.data(), &done, MPI_STATUS_IGNORE));  // a completed request stays complete
-    return done != 0;
-  }
+  bool ready() override { return request_->test(); }  // a completed request stays complete
 
  private:
-  std::function<void(std::vector<MPI_Request>&)> wait_;
+  WaitUntil wait_;
   torch::Tensor output_;
   HostView out_;
   std::optional<HostView> in_;
   ReduceOp op_;
   int size_;
-  std::vector<MPI_Request> request_ = std::vector<MPI_Request>(1, MPI_REQUEST_NULL);
+  std::unique_ptr<mpi_progress::Watched> request_;
 };
 
 }  // namespace
@@ -260,8 +275,8 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& tensor, R
   require_contiguous(tensor, "all_reduce_async");
   const Reduction reduction = reduction_for(tensor, op);
   const int count = checked_count(tensor.numel());
-  auto wait_here = [this, count](std::vector<MPI_Request>& request) {
-    wait(request, [&] { return "all_reduce of " + std::to_string(count) + " elements over " + describe_group(); });
+  auto wait_here = [this, count](const std::function<bool()>& done) {
+    wait_until(done, [&] { return "all_reduce of " + std::to_string(count) + " elements over " + describe_group(); });
   };
   return std::make_unique<MpiReduction>(wait_here, tensor, nullptr, op, size_,
                                         [&](const void* in, void* out, MPI_Request* request) {
@@ -278,8 +293,10 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(torch::Tensor& outpu
     throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
   const Reduction reduction = reduction_for(input, op);
   const int count = checked_count(output.numel());
-  auto wait_here = [this, count](std::vector<MPI_Request>& request) {
-    wait(request, [&] { return "reduce_scatter of " + std::to_string(count) + " elements per rank over " + describe_group(); });
+  auto wait_here = [this, count](const std::function<bool()>& done) {
+    wait_until(done, [&] {
+      return "reduce_scatter of " + std::to_string(count) + " elements per rank over " + describe_group();
+    });
   };
   return std::make_unique<MpiReduction>(wait_here, output, &input, op, size_,
                                         [&](const void* in, void* out, MPI_Request* request) {
@@ -385,22 +402,21 @@ namespace {
 // A send under way; its staged tensor lives until it completes.
 class MpiSend final : public Work {
  public:
-  MpiSend(std::function<void(std::vector<MPI_Request>&)> wait, const torch::Tensor& tensor, int bytes, int peer,
-          int tag, MPI_Comm comm)
+  MpiSend(WaitUntil wait, const torch::Tensor& tensor, int bytes, int peer, int tag, MPI_Comm comm)
       : wait_(std::move(wait)), host_(tensor, /*copy_in=*/true) {
-    MPI_CHECK(MPI_Isend(host_.data(), bytes, MPI_BYTE, peer, tag, comm, request_.data()));
+    request_ = started([&](MPI_Request* request) {
+      MPI_CHECK(MPI_Isend(host_.data(), bytes, MPI_BYTE, peer, tag, comm, request));
+    });
   }
-  void wait() override { wait_(request_); }
-  bool ready() override {
-    int done = 0;
-    MPI_CHECK(MPI_Test(request_.data(), &done, MPI_STATUS_IGNORE));
-    return done != 0;
+  void wait() override {
+    wait_([this] { return request_->test(); });
   }
+  bool ready() override { return request_->test(); }
 
  private:
-  std::function<void(std::vector<MPI_Request>&)> wait_;
+  WaitUntil wait_;
   HostView host_;
-  std::vector<MPI_Request> request_ = std::vector<MPI_Request>(1, MPI_REQUEST_NULL);
+  std::unique_ptr<mpi_progress::Watched> request_;
 };
 
 }  // namespace
@@ -408,8 +424,8 @@ class MpiSend final : public Work {
 std::unique_ptr<Work> MpiCommunicator::send_async(const torch::Tensor& tensor, int peer, int tag) {
   require_contiguous(tensor, "send_async");
   const int world_peer = world_ranks_[peer];
-  auto wait_here = [this, world_peer, tag](std::vector<MPI_Request>& request) {
-    wait(request, [&] {
+  auto wait_here = [this, world_peer, tag](const std::function<bool()>& done) {
+    wait_until(done, [&] {
       return "point-to-point send to world rank " + std::to_string(world_peer) + ", tag " + std::to_string(tag);
     });
   };

@@ -37,6 +37,9 @@ void add_comm_options(OptionTable& t) {
         "gradients are averaged over the data-parallel group in buckets of this many MB (of fp32)");
   t.add("comm.overlap", OptionKind::kBool, "true",
         "start each bucket's average as soon as its gradients are complete, during the backward pass");
+  t.add("comm.progress_thread", OptionKind::kBool, "true",
+        "MPI backend: a thread keeps started buckets and sends moving while the rank computes (needs "
+        "MPI_THREAD_MULTIPLE; without it, or off, they move when the rank polls them)");
   t.add("comm.timeout_s", OptionKind::kFloat, "600",
         "a collective, transfer or start-up phase (MPI_Init, the communicators' set-up) that has not finished "
         "after this many seconds ends the job (exit code 5)");
@@ -91,6 +94,7 @@ CommConfig read_comm_config(const Options& o) {
   c.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);
   c.bucket_mb = o.get_float("comm.bucket_mb", 0.001, 1e6);
   c.overlap = o.get_bool("comm.overlap");
+  c.progress_thread = o.get_bool("comm.progress_thread");
   return c;
 }
 

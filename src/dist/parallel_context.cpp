@@ -13,6 +13,7 @@
 #include "dstrain/dist/nccl_communicator.h"
 #include "dstrain/dist/peer_health.h"
 #include "dstrain/dist/deadline.h"
+#include "dstrain/dist/mpi_progress.h"
 
 namespace dstrain {
 
@@ -22,7 +23,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
   {
     Deadline deadline("MPI start-up (MPI_Init waits for every rank)", startup_timeout_s, Deadline::kStartup,
                       ExitCode::kCommunication);
-    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    // MULTIPLE for the progress thread (mpi_progress.h); FUNNELED is what the rest needs.
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   }
   if (provided < MPI_THREAD_FUNNELED)
     throw comm_error("the MPI library does not provide MPI_THREAD_FUNNELED");
@@ -43,6 +45,7 @@ void finalize_mpi() {
   int initialized = 0, finalized = 0;
   if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return;
   if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  mpi_progress::stop();
   if (h5::holds_unclosable_file()) return;  // closing HDF5, here or in MPI_Finalize, would crash
   // Before MPI_Finalize, which would otherwise close HDF5 from inside MPI.
   if (H5close() < 0) log::warning("HDF5 could not close every file it held at exit");

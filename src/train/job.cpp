@@ -5,6 +5,7 @@
 #include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/deadline.h"
+#include "dstrain/dist/mpi_progress.h"
 #include "dstrain/model/cuda_kernels.h"
 
 namespace dstrain {
@@ -21,6 +22,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   }
   Deadline deadline("the set-up of devices and communicators", job.config.comm.timeout_s, Deadline::kStartup,
                     ExitCode::kCommunication);
+  mpi_progress::configure(job.config.comm.progress_thread);
   torch::set_num_threads(job.config.loop.threads);
   blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
   enable_cuda_kernels(job.config.loop.cuda_kernels);

@@ -203,11 +203,11 @@ StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, Parall
     costs.per_virtual_stage = measured_action_costs(executor, parallel);
     const SimulationResult predicted = simulate(executor.training_schedule(), costs);
     if (!predicted.deadlock) record["pipeline_idle_predicted"] = predicted.bubble_fraction;
-    nlohmann::json& ms = record["pipeline_action_ms"] = nlohmann::json::object();
+    // One number per virtual stage, in their order.
     for (const ActionCosts& c : costs.per_virtual_stage) {
-      ms["forward"].push_back(1000 * c.forward);
-      ms["backward"].push_back(1000 * c.backward);
-      if (executor.training_schedule().splits_backward()) ms["weight"].push_back(1000 * c.weight);
+      record["pipeline_forward_ms"].push_back(1000 * c.forward);
+      record["pipeline_backward_ms"].push_back(1000 * c.backward);
+      if (executor.training_schedule().splits_backward()) record["pipeline_weight_ms"].push_back(1000 * c.weight);
     }
   };
 }

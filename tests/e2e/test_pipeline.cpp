@@ -79,16 +79,18 @@ TEST_P(PipelineLayouts, LossesAndFinalParametersEqualOneRank) {
     ASSERT_TRUE(mine[i].contains("pipeline_idle_predicted"));
     EXPECT_GE(mine[i]["pipeline_idle_predicted"].get<double>(), 0.0);
     EXPECT_LT(mine[i]["pipeline_idle_predicted"].get<double>(), 1.0);
-    const nlohmann::json& ms = mine[i]["pipeline_action_ms"];
-    ASSERT_EQ(ms["forward"].size(), virtual_stages);
-    ASSERT_EQ(ms["backward"].size(), virtual_stages);
-    ASSERT_EQ(ms.contains("weight"), split);
+    const nlohmann::json& r = mine[i];
+    ASSERT_EQ(r["pipeline_forward_ms"].size(), virtual_stages);
+    ASSERT_EQ(r["pipeline_backward_ms"].size(), virtual_stages);
+    ASSERT_EQ(r.contains("pipeline_weight_ms"), split);
     for (size_t vs = 0; vs < virtual_stages; ++vs) {
-      EXPECT_GT(ms["forward"][vs].get<double>(), 0.0);
-      EXPECT_GT(ms["backward"][vs].get<double>(), 0.0);
-      if (!split || i == 0) continue;
-      weight_ms += ms["weight"][vs].get<double>();
-      backward_ms += ms["backward"][vs].get<double>();
+      EXPECT_GT(r["pipeline_forward_ms"][vs].get<double>(), 0.0);
+      EXPECT_GT(r["pipeline_backward_ms"][vs].get<double>(), 0.0);
+      if (!split) continue;
+      EXPECT_GT(r["pipeline_weight_ms"][vs].get<double>(), 0.0);
+      if (i == 0) continue;
+      weight_ms += r["pipeline_weight_ms"][vs].get<double>();
+      backward_ms += r["pipeline_backward_ms"][vs].get<double>();
     }
   }
   // The weight gradients' products really wait for W: W actions with nothing to compute would take

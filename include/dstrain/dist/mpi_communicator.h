@@ -50,6 +50,8 @@ class MpiCommunicator : public Communicator {
  private:
   // Completes `requests`, or throws a communication error describing `what` after the timeout.
   void wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what);
+  // Polls `done` until it holds, answering peers' pings, or throws the same error.
+  void wait_until(const std::function<bool()>& done, const std::function<std::string()>& what);
   std::string describe_group() const;
   // A timeout of `what`: naming first the members that no longer answer (peer_health.h).
   Error timeout_error(const std::string& what) const;

@@ -30,6 +30,7 @@ struct CommConfig {
   double timeout_s = 600;
   double bucket_mb = 25;            // gradient buckets of the data-parallel average
   bool overlap = true;              // buckets start during the backward pass
+  bool progress_thread = true;      // MPI: a thread moves nonblocking operations on (mpi_progress.h)
 };
 
 void add_parallel_options(OptionTable& table);
