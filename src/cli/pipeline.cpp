@@ -18,6 +18,12 @@ namespace dstrain {
 
 namespace {
 
+std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
 // What the schedule's paper says, beside what the simulation gives: GPipe's and 1F1B's fraction,
 // ZB-H1's and DualPipeV's idle time per stage (F, B, W: a chunk's forward, input gradient and
 // weight gradient), under the assumptions the papers make.
@@ -80,7 +86,7 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)
     throw config_error("--forward-cost/--backward-cost/--transfer-cost", "", "expected positive costs");
   if (!(costs.weight >= 0) || !(costs.weight < costs.backward))
-    throw config_error("--weight-cost", std::to_string(costs.weight), "expected at least 0 and less than --backward-cost");
+    throw config_error("--weight-cost", format_number(costs.weight), "expected at least 0 and less than --backward-cost");
   const ScheduleKind kind = schedule_kind_named(schedule_name_given);
   check_schedule(kind, pp, virtual_stages, microbatches);
 
