@@ -6,17 +6,9 @@
 # usage: bench/pipeline_schedules.sh [CORPUS.h5] [STEPS (default 24)]
 #   (DSTRAIN: the executable, default build/dstrain; without CORPUS, the license texts are prepared)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-dstrain=${DSTRAIN:-$root/build/dstrain}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-corpus=${1:-}
+source "$(dirname "$0")/mpi_bench.sh"
+prepare_corpus "${1:-}"
 steps=${2:-24}
-if [[ -z $corpus ]]; then
-  corpus=$work/corpus.h5
-  "$dstrain" prep --input /usr/share/common-licenses/{GPL-2,GPL-3,Apache-2.0,MPL-2.0} --output "$corpus" >/dev/null
-fi
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # 8 layers of a dense model (25.7M parameters with the head), seq 128, 8 micro-batches of 2 per step.
 model=(--config "$root/input/tiny.ini" --data.train "$corpus" --data.valid "$corpus" --train.device cpu
        --model.num_layers 8 --model.hidden_size 256 --model.intermediate_size 704 --model.max_seq_len 128
