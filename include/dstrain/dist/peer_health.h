@@ -3,7 +3,8 @@
 // dead one answers nothing. Every wait of the MPI and NCCL backends answers pings on a
 // communicator of its own (a duplicate of the world), saying what it waits for; the rank whose
 // wait timed out pings the group's members and names first those that stay silent, then what the
-// others said. MPI calls from the main thread only, as everywhere.
+// others said. MPI calls from the main thread only, as everywhere but the progress thread's tests
+// (mpi_progress.h).
 #pragma once
 
 #include <functional>
