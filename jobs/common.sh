@@ -11,6 +11,9 @@
 #   DSTRAIN_ARGS          overrides, before those given as arguments (which win)
 #   RUN_DIR               the run directory (default: SUBMIT_DIR/runs/JOB_NAME)
 #   DSTRAIN_MAX_RESTARTS  how often a job whose rank or node failed is requeued (default 3)
+#   DSTRAIN_MIN_NODES     a job requeued after a rank or node failure may start again on as few as
+#                         this many nodes (default: as many as it had), resuming on the smaller layout,
+#                         when a lost node does not come back (as torchrun's --nnodes MIN:MAX)
 #   DSTRAIN_SRUN_MPI      srun's --mpi plugin (default pmix)
 #   DSTRAIN_SIGNAL_LEAD   seconds before the time limit that the script's `#SBATCH --signal=B:USR1@N`
 #                         asks for (each script sets it to its N; a --signal given to sbatch needs it too)
@@ -52,9 +55,14 @@ dstrain_setup() {
   export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 }
 
-# dstrain_expect_gpus N: stop with a message when a node of the job has fewer than N GPUs.
+# dstrain_expect_gpus N: stop with a message when a node of the job has fewer than N GPUs. A run
+# told `--train.device cpu` (the same script on CPU nodes) expects none.
 dstrain_expect_gpus() {
-  local want=$1 have
+  local want=$1 have i
+  for ((i = 0; i < ${#OVERRIDES[@]}; i++)); do
+    [[ ${OVERRIDES[i]} == --train.device=cpu ]] && return 0
+    [[ ${OVERRIDES[i]} == --train.device && ${OVERRIDES[i + 1]:-} == cpu ]] && return 0
+  done
   have=$(nvidia-smi -L 2>/dev/null | wc -l)
   [[ $have -ge $want ]] || dstrain_die "expects $want GPUs per node, found $have here (nvidia-smi -L); use jobs/cpu_smoke.sh on CPU nodes"
 }
@@ -75,6 +83,12 @@ dstrain_train() {
   done
   [[ $# -gt 0 ]] && shift
   settings=("$@")
+  # The tasks of every node of this allocation: a job requeued onto fewer nodes
+  # (DSTRAIN_MIN_NODES) still has its first run's task count in its environment.
+  if [[ -n ${SLURM_NTASKS_PER_NODE:-} && -n ${SLURM_JOB_NUM_NODES:-} ]]; then
+    local per_node=${SLURM_NTASKS_PER_NODE%%[(]*}  # "2(x2)" where Slurm lists it per node
+    srun_options=(--ntasks=$((SLURM_JOB_NUM_NODES * per_node)) "${srun_options[@]}")
+  fi
   local command=(srun --mpi="${DSTRAIN_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "${srun_options[@]}"
                  "$DSTRAIN_BIN" train --config "$CONFIG" --run.dir "$RUN_DIR" --ckpt.resume auto
                  "${settings[@]}" "${OVERRIDES[@]}")
@@ -114,7 +128,7 @@ dstrain_train() {
     5 | 1[3-9][0-9] | 2[0-5][0-9])
       if [[ $restarts -lt $max ]]; then
         echo "dstrain: a rank or node failed (exit code $rc); requeueing job $SLURM_JOB_ID, restart $((restarts + 1)) of $max"
-        dstrain_requeue
+        dstrain_requeue_after_failure
       fi
       echo "dstrain: a rank or node failed (exit code $rc) and the job was restarted $restarts times already: giving up" >&2
       exit "$rc"
@@ -154,5 +168,26 @@ dstrain_forward_warning() {
 
 dstrain_requeue() {
   scontrol requeue "$SLURM_JOB_ID" || dstrain_die "scontrol requeue $SLURM_JOB_ID failed: resubmit the same script with the same --job-name to continue"
+  exit 0
+}
+
+# Slurm gives a requeued job the node count it last ran with, even when it was submitted with a
+# range (--nodes=1-2). Where DSTRAIN_MIN_NODES allows fewer nodes, the requeued job asks for
+# MIN-N nodes again (and the tasks of MIN nodes), so that it can start while a lost node is away.
+dstrain_requeue_after_failure() {
+  local nodes=${SLURM_JOB_NUM_NODES:-1} min=${DSTRAIN_MIN_NODES:-}
+  if [[ -z $min || $min -ge $nodes ]]; then
+    dstrain_requeue
+  fi
+  [[ $min =~ ^[1-9][0-9]*$ ]] || dstrain_die "DSTRAIN_MIN_NODES must be a positive number of nodes, not '$min'"
+  local per_node=${SLURM_NTASKS_PER_NODE:-$((${SLURM_NTASKS:-$nodes} / nodes))}
+  per_node=${per_node%%[(]*}
+  trap '' TERM  # the requeue ends this script; the update below must happen first
+  scontrol requeue "$SLURM_JOB_ID" || dstrain_die "scontrol requeue $SLURM_JOB_ID failed: resubmit the same script with the same --job-name to continue"
+  if scontrol update JobId="$SLURM_JOB_ID" NumNodes="$min-$nodes" NumTasks=$((min * per_node)); then
+    echo "dstrain: the requeued job may start on $min to $nodes nodes (DSTRAIN_MIN_NODES)"
+  else
+    echo "dstrain: warning: could not let job $SLURM_JOB_ID start on fewer than $nodes nodes" >&2
+  fi
   exit 0
 }

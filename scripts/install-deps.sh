@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages dstrain builds and runs with; with --with-tests also what the
-# tests need: a one-node Slurm with PMIx for the job scripts and Lmod for the modulefiles.
+# tests need: Slurm with PMIx for the job scripts (on one node, and on the cluster in miniature's
+# network namespaces), and Lmod for the modulefiles.
 # Idempotent: when everything is already there it only checks (dpkg-query) and returns in well
 # under a second.
 set -euo pipefail
@@ -22,7 +23,8 @@ packages=(
 )
 if [[ ${1:-} == --with-tests ]]; then
   packages+=(slurm-wlm slurmctld slurmd slurm-client munge libpmix-dev  # Slurm for jobs/ (srun --mpi=pmix)
-             lmod)                                                     # modulefiles/
+             lmod                                                      # modulefiles/
+             iproute2 util-linux)  # ip, tc, nsenter, unshare: the cluster in miniature (tests/cluster/)
 fi
 
 # Installed, OpenBLAS takes libblas.so.3 and liblapack.so.3 in Debian's alternatives (its
