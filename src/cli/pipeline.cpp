@@ -85,12 +85,13 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (microbatches < 1) throw config_error("--microbatches", std::to_string(microbatches), "expected at least 1");
   if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)
     throw config_error("--forward-cost/--backward-cost/--transfer-cost", "", "expected positive costs");
-  if (!(costs.weight >= 0) || !(costs.weight < costs.backward))
-    throw config_error("--weight-cost", format_number(costs.weight), "expected at least 0 and less than --backward-cost");
   const ScheduleKind kind = schedule_kind_named(schedule_name_given);
   check_schedule(kind, pp, virtual_stages, microbatches);
 
   const Schedule schedule = make_schedule(kind, pp, virtual_stages, microbatches);
+  // Only the schedules that split the backward pass have a weight-gradient part to cost.
+  if (schedule.splits_backward() && (!(costs.weight >= 0) || !(costs.weight < costs.backward)))
+    throw config_error("--weight-cost", format_number(costs.weight), "expected at least 0 and less than --backward-cost");
   const SimulationResult r = simulate(schedule, costs);
   if (r.deadlock) throw Error(ExitCode::kInternal, "pipeline simulate: " + r.problem);
   std::printf("%s, %d stages, %d chunk(s) per stage, %d micro-batches; forward %g, backward %g", schedule_name(kind),

@@ -48,7 +48,10 @@ ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features) {
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
-  if (WeightGradientStore::deferring() && torch::GradMode::is_enabled() && weight.requires_grad())
+  // (Only where x carries a graph: otherwise the function's backward, and with it the weight's
+  // gradient, would never run.)
+  if (WeightGradientStore::deferring() && torch::GradMode::is_enabled() && weight.requires_grad() &&
+      x.requires_grad())
     return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight});
   return torch::nn::functional::linear(x, weight);
 }

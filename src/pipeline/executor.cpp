@@ -177,11 +177,15 @@ void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Acti
         break;
     }
     if (t.send && schedule.sends_without_waiting()) {
-      sends_.push_back(pp_group_.send_async(t.tensor, t.peer, t.tag));  // completed at the step's end
+      sends_.push_back(pp_group_.send_async(t.tensor, t.peer, t.tag));  // kept until it completes
       continue;
     }
     group.push_back(std::move(t));
   }
+  // Sends that have completed give their tensors back (an activation, an input's gradient) now
+  // rather than at the step's end.
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](const auto& send) { return send->ready(); }),
+               sends_.end());
   const accel::Timestamp wait_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
   if (!group.empty()) pp_group_.exchange(group);
   if (timed) waits_.emplace_back(wait_start, accel::Timestamp::now(device));
