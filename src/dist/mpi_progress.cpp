@@ -28,15 +28,12 @@ struct Thread {
   std::vector<std::shared_ptr<Watched::State>> watched;
   std::thread thread;
   bool stopping = false;
-  // A process that ends without finalize_mpi (an error that leaves MPI to the exit) must not
-  // terminate on a joinable thread.
-  ~Thread() {
-    if (thread.joinable()) thread.detach();
-  }
 };
 
+// Never destroyed: a process that ends without stop() (an error that leaves MPI to the exit)
+// must neither terminate on a joinable thread nor pull the mutex and list from under it.
 Thread& progress() {
-  static Thread t;
+  static Thread& t = *new Thread;
   return t;
 }
 

@@ -1,10 +1,11 @@
 // The MPI backend's progress thread (dist/mpi_progress.h) on real ranks: an all-reduce started
 // before a stretch without MPI calls (a backward pass, here a sleep that leaves the cores free)
 // completes during it, so that waiting afterwards costs little of what the reduction costs; with
-// the thread off much of it is still to do, as before. The reduction is made long (64 MB, several
+// the thread off part of it is still to do, as before. The reduction is made long (64 MB, several
 // rounds of Open MPI's nonblocking algorithm) so that the comparison is not one of noise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -47,12 +48,17 @@ TEST(MpiProgress, AStartedReductionMovesWhileTheRankComputes) {
   torch::Tensor warm_up = data.clone();
   comm.all_reduce(warm_up, ReduceOp::kSum);  // the first one sets up shared memory
 
-  comm.barrier();
-  Clock::time_point start = Clock::now();
-  comm.all_reduce(data, ReduceOp::kSum);
-  torch::Tensor slowest = torch::full({1}, seconds_since(start), torch::kFloat64);
-  comm.all_reduce(slowest, ReduceOp::kMax);
-  const double blocking = slowest.item<double>();
+  // The reduction's own time: the fastest of three (the slowest rank's each time), so that a
+  // moment of load from elsewhere does not inflate what the exposed times are held against.
+  double blocking = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    comm.barrier();
+    Clock::time_point start = Clock::now();
+    comm.all_reduce(warm_up, ReduceOp::kSum);
+    torch::Tensor slowest = torch::full({1}, seconds_since(start), torch::kFloat64);
+    comm.all_reduce(slowest, ReduceOp::kMax);
+    blocking = std::min(blocking, slowest.item<double>());
+  }
   const double idle = 4 * blocking + 0.05;
 
   mpi_progress::configure(true);
@@ -61,14 +67,14 @@ TEST(MpiProgress, AStartedReductionMovesWhileTheRankComputes) {
   mpi_progress::configure(false);
   ASSERT_FALSE(mpi_progress::running());
   const double without_thread = exposed_after(comm, data, idle);
-  // Every rank's sums are right either way: 1, then × size four times over.
-  EXPECT_EQ(data[12345].item<float>(), static_cast<float>(std::pow(comm.size(), 3)));
+  // Every rank's sums are right either way: 1, then × size twice over.
+  EXPECT_EQ(data[12345].item<float>(), static_cast<float>(std::pow(comm.size(), 2)));
 
-  // Measured here: with the thread under a millisecond; without it about half of the blocking time
-  // or more (the first rounds move when the reduction starts).
+  // Measured here: with the thread a few microseconds; without it 40 ms or more, the part of the
+  // reduction Open MPI leaves to the wait (how much depends on the library's algorithm and on the
+  // machine's load, so it is held against the thread's figure, not against the blocking time).
   const std::string figures = "blocking " + std::to_string(blocking) + " s, exposed with the thread " +
                               std::to_string(with_thread) + " s, without " + std::to_string(without_thread) + " s";
-  EXPECT_LT(with_thread, 0.2 * blocking) << figures;
-  EXPECT_LT(with_thread, 0.2 * without_thread) << figures;
-  EXPECT_GT(without_thread, 0.2 * blocking) << figures << ": it moved without the thread";
+  EXPECT_LT(with_thread, 0.2 * blocking) << figures << ": the reduction did not move during the computation";
+  EXPECT_LT(with_thread, 0.2 * without_thread) << figures << ": the thread made no difference";
 }
