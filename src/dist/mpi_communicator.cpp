@@ -230,8 +230,6 @@ void MpiCommunicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 
 namespace {
 
-// A nonblocking reduction of host-staged tensors (at most 2^31 - 1 elements): `output` in place
-// (all-reduce) or from `input` (reduce-scatter). wait() completes it and copies the result back.
 // How an operation under way is waited for: until `done`, within the communicator's timeout.
 using WaitUntil = std::function<void(const std::function<bool()>& done)>;
 
@@ -242,11 +240,14 @@ std::unique_ptr<mpi_progress::Watched> started(const std::function<void(MPI_Requ
   return std::make_unique<mpi_progress::Watched>(request);
 }
 
-class MpiReduction final : public Work {
+// A nonblocking collective of host-staged tensors (at most 2^31 - 1 elements): `output` in place
+// (all-reduce) or from `input` (reduce-scatter, all-gather). wait() completes it and copies the
+// result back (an average divided, for ReduceOp::kAvg).
+class MpiCollective final : public Work {
  public:
   using Start = std::function<void(const void* input, void* output, MPI_Request* request)>;
-  MpiReduction(WaitUntil wait, torch::Tensor output, const torch::Tensor* input, ReduceOp op, int size,
-               const Start& start)
+  MpiCollective(WaitUntil wait, torch::Tensor output, const torch::Tensor* input, ReduceOp op, int size,
+                const Start& start)
       : wait_(std::move(wait)), output_(std::move(output)), out_(output_, /*copy_in=*/input == nullptr), op_(op),
         size_(size) {
     if (input) in_.emplace(*input, /*copy_in=*/true);
@@ -278,7 +279,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_async(torch::Tensor& tensor, R
   auto wait_here = [this, count](const std::function<bool()>& done) {
     wait_until(done, [&] { return "all_reduce of " + std::to_string(count) + " elements over " + describe_group(); });
   };
-  return std::make_unique<MpiReduction>(wait_here, tensor, nullptr, op, size_,
+  return std::make_unique<MpiCollective>(wait_here, tensor, nullptr, op, size_,
                                         [&](const void* in, void* out, MPI_Request* request) {
                                           MPI_CHECK(MPI_Iallreduce(in, out, count, reduction.type, reduction.op,
                                                                    comm_, request));
@@ -298,7 +299,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(torch::Tensor& outpu
       return "reduce_scatter of " + std::to_string(count) + " elements per rank over " + describe_group();
     });
   };
-  return std::make_unique<MpiReduction>(wait_here, output, &input, op, size_,
+  return std::make_unique<MpiCollective>(wait_here, output, &input, op, size_,
                                         [&](const void* in, void* out, MPI_Request* request) {
                                           MPI_CHECK(MPI_Ireduce_scatter_block(in, out, count, reduction.type,
                                                                               reduction.op, comm_, request));
@@ -309,17 +310,25 @@ void MpiCommunicator::reduce_scatter(torch::Tensor& output, const torch::Tensor&
   reduce_scatter_async(output, input, op)->wait();
 }
 
-void MpiCommunicator::all_gather(torch::Tensor& output, const torch::Tensor& input) {
+std::unique_ptr<Work> MpiCommunicator::all_gather_async(torch::Tensor& output, const torch::Tensor& input) {
   require_contiguous(output, "all_gather");
   require_contiguous(input, "all_gather");
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw Error(ExitCode::kInternal, "all_gather: output must hold size() copies of input's shape");
-  HostView in(input, /*copy_in=*/true), out(output, /*copy_in=*/false);
-  std::vector<MPI_Request> request(1);
-  MPI_CHECK(MPI_Iallgather(in.data(), checked_count(input.nbytes()), MPI_BYTE, out.data(),
-                           checked_count(input.nbytes()), MPI_BYTE, comm_, request.data()));
-  wait(request, [&] { return "all_gather over " + describe_group(); });
-  out.copy_out();
+  const int bytes = checked_count(input.nbytes());
+  auto wait_here = [this](const std::function<bool()>& done) {
+    wait_until(done, [&] { return "all_gather over " + describe_group(); });
+  };
+  // kSum: nothing to divide afterwards.
+  return std::make_unique<MpiCollective>(wait_here, output, &input, ReduceOp::kSum, size_,
+                                         [&](const void* in, void* out, MPI_Request* request) {
+                                           MPI_CHECK(MPI_Iallgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, comm_,
+                                                                    request));
+                                         });
+}
+
+void MpiCommunicator::all_gather(torch::Tensor& output, const torch::Tensor& input) {
+  all_gather_async(output, input)->wait();
 }
 
 void MpiCommunicator::broadcast(torch::Tensor& tensor, int root) {

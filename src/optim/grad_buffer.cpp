@@ -267,21 +267,39 @@ void GradientBuffer::gather_parameters() {
   if (!sharded_ || slots_.empty()) return;
   torch::NoGradGuard no_grad;
   const torch::TensorOptions options = slots_.front().param.options();
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  struct Gather {
+    torch::Tensor mine, all;
+    std::unique_ptr<Work> work;
+  };
+  // This rank's updated elements at their places in its shard (padding stays zero), on their way
+  // to every rank ...
+  auto start = [&](size_t b) {
     const Bucket& bucket = buckets_[b];
-    // This rank's updated elements at their places in its shard (padding stays zero) ...
-    torch::Tensor mine = torch::zeros({shard_length(bucket)}, options);
+    Gather g{torch::zeros({shard_length(bucket)}, options), torch::empty({bucket.length}, options), nullptr};
     for (size_t i = 0; i < shards_.size(); ++i)
       if (shard_places_[i].bucket == b)
-        mine.narrow(0, shard_places_[i].flat_offset - shard_start(bucket), shards_[i].values.numel())
+        g.mine.narrow(0, shard_places_[i].flat_offset - shard_start(bucket), shards_[i].values.numel())
             .copy_(shards_[i].values);
-    // ... and everybody's, back into the parameters.
-    torch::Tensor all = torch::empty({bucket.length}, options);
-    reduction_.dp_group->all_gather(all, mine);
+    g.work = reduction_.dp_group->all_gather_async(g.all, g.mine);
+    return g;
+  };
+  // ... and everybody's, back into the parameters.
+  auto finish = [&](size_t b, Gather& g) {
+    g.work->wait();
     for (const Slot& slot : slots_)
       if (slot.bucket == b)
-        slot.param.detach().view({-1}).copy_(all.narrow(0, slot.offset - bucket.start, slot.param.numel()));
+        slot.param.detach().view({-1}).copy_(g.all.narrow(0, slot.offset - buckets_[b].start, slot.param.numel()));
+    g = Gather();
+  };
+  // Two buckets under way at a time: one travels (MPI: moved by the progress thread) while this
+  // rank packs the next or unpacks the last, and no more than two buckets' copies are held.
+  Gather previous;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Gather current = start(b);
+    if (b > 0) finish(b - 1, previous);
+    previous = std::move(current);
   }
+  finish(buckets_.size() - 1, previous);
 }
 
 }  // namespace dstrain

@@ -146,6 +146,23 @@ TEST(Communicator, ReduceScatterAndAllGather) {
   }
 }
 
+
+// Two all-gathers in flight at once, as ZeRO-1's parameter gather keeps them, completed in order:
+// each gathers its own inputs, of different sizes and dtypes.
+TEST(Communicator, AsyncAllGathersInFlightTogether) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  torch::Tensor mine_a = on_device(contribution(rank, 1000)), mine_b = on_device(torch::full({3}, rank, torch::kInt64));
+  torch::Tensor all_a = on_device(torch::empty({size * 1000})), all_b = on_device(torch::empty({size * 3}, torch::kInt64));
+  std::unique_ptr<Work> first = world().all_gather_async(all_a, mine_a);
+  std::unique_ptr<Work> second = world().all_gather_async(all_b, mine_b);
+  first->wait();
+  second->wait();
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(torch::equal(all_a.cpu().narrow(0, r * 1000, 1000), contribution(r, 1000))) << "rank " << r;
+    EXPECT_TRUE(torch::equal(all_b.cpu().narrow(0, r * 3, 3), torch::full({3}, r, torch::kInt64))) << "rank " << r;
+  }
+}
 TEST(Communicator, BroadcastAndRingSendRecv) {
   REQUIRE_BACKEND();
   const int size = world().size(), rank = world().rank();

@@ -48,6 +48,7 @@ class PolledGroup : public Communicator {
   void reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) override { unused(); }
   std::unique_ptr<Work> reduce_scatter_async(torch::Tensor&, const torch::Tensor&, ReduceOp) override { unused(); }
   void all_gather(torch::Tensor&, const torch::Tensor&) override { unused(); }
+  std::unique_ptr<Work> all_gather_async(torch::Tensor&, const torch::Tensor&) override { unused(); }
   void broadcast(torch::Tensor&, int) override { unused(); }
   void all_to_all(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
     unused();

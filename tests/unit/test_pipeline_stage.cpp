@@ -23,6 +23,7 @@ class NoPeers : public Communicator {
   void reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) override { fail(); }
   std::unique_ptr<Work> reduce_scatter_async(torch::Tensor&, const torch::Tensor&, ReduceOp) override { fail(); }
   void all_gather(torch::Tensor&, const torch::Tensor&) override { fail(); }
+  std::unique_ptr<Work> all_gather_async(torch::Tensor&, const torch::Tensor&) override { fail(); }
   void broadcast(torch::Tensor&, int) override { fail(); }
   void all_to_all(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
     fail();

@@ -12,7 +12,7 @@ namespace dstrain {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
-// An operation under way (Communicator::all_reduce_async, reduce_scatter_async).
+// An operation under way (Communicator::all_reduce_async, reduce_scatter_async, all_gather_async).
 class Work {
  public:
   virtual ~Work() = default;
@@ -58,6 +58,9 @@ class Communicator {
                                                      ReduceOp op) = 0;
   // `output` receives every rank's `input`, concatenated along dim 0 in rank order.
   virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  // Starts one and returns at once (ZeRO-1's updated shards, bucket after bucket); both tensors
+  // stay untouched until wait().
+  virtual std::unique_ptr<Work> all_gather_async(torch::Tensor& output, const torch::Tensor& input) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   // Rows (slices along dim 0) to every rank and from every rank, in rank order: `input`'s first
   // send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1, ...; `output` receives

@@ -33,6 +33,7 @@ class MpiCommunicator : public Communicator {
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   std::unique_ptr<Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) override;
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
+  std::unique_ptr<Work> all_gather_async(torch::Tensor& output, const torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;
   void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& send_rows,
                   const std::vector<int64_t>& recv_rows) override;

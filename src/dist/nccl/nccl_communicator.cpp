@@ -208,6 +208,18 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  std::unique_ptr<Work> all_gather_async(torch::Tensor& output, const torch::Tensor& input) override {
+    require_on_device(output, "all_gather_async");
+    require_on_device(input, "all_gather_async");
+    if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
+      throw Error(ExitCode::kInternal, "all_gather: output must hold size() copies of input's shape");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream([&](cudaStream_t s) {
+      NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm_, s));
+    }, *done);
+    return std::make_unique<NcclWork>(done, device_);
+  }
+
   void broadcast(torch::Tensor& t, int root) override {
     require_on_device(t, "broadcast");
     run([&](cudaStream_t s) {
