@@ -64,7 +64,7 @@ shape() {  # shape NAMESPACE DEVICE: traffic leaving DEVICE at the cluster's rat
   local rate
   rate=$(cat "$dir/rate")
   [[ $rate == none ]] && return 0
-  # A burst of 10 ms at the rate (at least 64 KB): smooth enough that a reduction sees the rate.
+  # A burst of 256 KB (2 ms at 1 Gbit/s): any transfer longer than a few milliseconds sees the rate.
   ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$rate" burst 256kb latency 100ms
 }
 
