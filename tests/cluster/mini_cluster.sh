@@ -114,15 +114,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.%n.log
 SlurmctldPort=6817
 SlurmdPort=6818
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-SlurmdParameters=config_overrides
+Include $(cd "$(dirname "$0")/../slurm" && pwd)/test_cluster_plugins.conf
 # A node that stops answering is down after SlurmdTimeout (longer than the tests' comm.timeout_s,
 # so that dstrain, not Slurm, ends a job that lost a node); one that comes back serves again.
 SlurmdTimeout=30

@@ -65,16 +65,8 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 SlurmctldPort=${DSTRAIN_SLURMCTLD_PORT:-16817}
 SlurmdPort=${DSTRAIN_SLURMD_PORT:-16818}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-# More CPUs than the machine has, so that 4-rank jobs run on small machines.
-SlurmdParameters=config_overrides
+# The plugins, and more CPUs than the machine has, so that 4-rank jobs run on small machines.
+Include $(cd "$(dirname "$0")" && pwd)/test_cluster_plugins.conf
 ReturnToService=2
 KillWait=5
 InactiveLimit=0
