@@ -53,6 +53,8 @@ dstrain_setup() {
   # Parallel HDF5 on Lustre and NFS: POSIX file locks are unsupported or slow there.
   export HDF5_USE_FILE_LOCKING=FALSE
   export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+  [[ -z ${DSTRAIN_MIN_NODES:-} || ${DSTRAIN_MIN_NODES} =~ ^[1-9][0-9]*$ ]] ||
+    dstrain_die "DSTRAIN_MIN_NODES must be a positive number of nodes, not '$DSTRAIN_MIN_NODES'"
 }
 
 # dstrain_expect_gpus N: stop with a message when a node of the job has fewer than N GPUs. A run
@@ -179,7 +181,6 @@ dstrain_requeue_after_failure() {
   if [[ -z $min || $min -ge $nodes ]]; then
     dstrain_requeue
   fi
-  [[ $min =~ ^[1-9][0-9]*$ ]] || dstrain_die "DSTRAIN_MIN_NODES must be a positive number of nodes, not '$min'"
   local per_node=${SLURM_NTASKS_PER_NODE:-$((${SLURM_NTASKS:-$nodes} / nodes))}
   per_node=${per_node%%[(]*}
   trap '' TERM  # the requeue ends this script; the update below must happen first
