@@ -88,7 +88,7 @@ start_slurmd() {
 }
 
 write_config() {
-  local count=$1 node list=""
+  local node list=""
   {
     echo "127.0.0.1 localhost"
     echo "$(node_address head) head"
@@ -164,7 +164,7 @@ start() {
   rm -rf "$dir/state" "$dir/spool" "$dir/tmp" "$dir"/*.log "$dir"/*.pid  # every start is a new cluster
   mkdir -p "$dir/state"
   for node in head $(nodes); do mkdir -p "$dir/spool/$node" "$dir/tmp/$node" && chmod 1777 "$dir/tmp/$node"; done
-  write_config "$count"
+  write_config
   link head
   for node in $(nodes); do link "$node"; done
   if ! pgrep -x munged >/dev/null; then
