@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "dstrain/dist/mpi_check.h"
@@ -19,10 +20,15 @@ struct State {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   std::vector<std::string> hosts;  // by world rank
-  const std::function<std::string()>* waiting_for = nullptr;
   // Replies under way: their buffers live until MPI has sent them.
   std::deque<std::pair<MPI_Request, std::string>> replies;
+  // Two threads may wait at once (DualPipeV's lanes, NCCL's autograd threads): one at a time
+  // probes for pings, or both would take the same one and one would wait forever in its receive.
+  std::recursive_mutex mutex;
 };
+
+// What this thread waits for: each lane answers with its own wait.
+thread_local const std::function<std::string()>* waiting_for = nullptr;
 
 State& state() {
   static State s;
@@ -70,20 +76,21 @@ void start() {
 void stop() {
   State& s = state();
   if (s.comm == MPI_COMM_NULL) return;
+  const std::lock_guard<std::recursive_mutex> lock(s.mutex);
   for (auto& reply : s.replies) MPI_Request_free(&reply.first);  // statuses ignored: at exit
   s.replies.clear();
   MPI_Comm_free(&s.comm);
 }
 
-Waiting::Waiting(const std::function<std::string()>& what) : previous_(state().waiting_for) {
-  state().waiting_for = &what;
-}
+Waiting::Waiting(const std::function<std::string()>& what) : previous_(waiting_for) { waiting_for = &what; }
 
-Waiting::~Waiting() { state().waiting_for = previous_; }
+Waiting::~Waiting() { waiting_for = previous_; }
 
 void answer() {
   State& s = state();
   if (s.comm == MPI_COMM_NULL) return;
+  const std::unique_lock<std::recursive_mutex> lock(s.mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another thread of this rank is answering
   forget_sent_replies();
   for (;;) {
     int arrived = 0;
@@ -91,7 +98,7 @@ void answer() {
     MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kPing, s.comm, &arrived, &status));
     if (!arrived) return;
     MPI_CHECK(MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, kPing, s.comm, MPI_STATUS_IGNORE));
-    s.replies.emplace_back(MPI_REQUEST_NULL, s.waiting_for ? "waiting in " + (*s.waiting_for)() : "computing");
+    s.replies.emplace_back(MPI_REQUEST_NULL, waiting_for ? "waiting in " + (*waiting_for)() : "computing");
     auto& [request, text] = s.replies.back();
     MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, status.MPI_SOURCE, kReply, s.comm,
                         &request));
@@ -101,6 +108,7 @@ void answer() {
 std::string silent_ranks(const std::vector<int>& group, double grace_s) {
   State& s = state();
   if (s.comm == MPI_COMM_NULL) return "";
+  const std::lock_guard<std::recursive_mutex> lock(s.mutex);  // the replies are this thread's to take
   const int world = static_cast<int>(s.hosts.size());
   std::vector<MPI_Request> pings;
   std::map<int, std::string> said;  // by world rank: what the rank replied

@@ -3,8 +3,7 @@
 // dead one answers nothing. Every wait of the MPI and NCCL backends answers pings on a
 // communicator of its own (a duplicate of the world), saying what it waits for; the rank whose
 // wait timed out pings the group's members and names first those that stay silent, then what the
-// others said. MPI calls from the main thread only, as everywhere but the progress thread's tests
-// (mpi_progress.h).
+// others said. Safe from any thread: each answers with what it waits for itself.
 #pragma once
 
 #include <functional>
@@ -19,7 +18,7 @@ void start();
 // Frees the communicator (before MPI_Finalize).
 void stop();
 
-// While it lives, pings are answered with `what()` (the operation this rank waits for).
+// While it lives, pings this thread answers get `what()` (the operation it waits for).
 class Waiting {
  public:
   explicit Waiting(const std::function<std::string()>& what);
