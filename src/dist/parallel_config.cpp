@@ -17,6 +17,10 @@ void add_parallel_options(OptionTable& t) {
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
         "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
         "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V; comm.backend mpi)");
+  t.add("parallel.dualpipe_overlap", OptionKind::kBool, "true",
+        "dualpipev with expert parallelism: each pair's forward runs on a second thread beside the paired "
+        "backward, so that one micro-batch's expert all-to-all waits while the other computes (CPU with the MPI "
+        "backend; on GPUs the pairs run one after the other)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",
         "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2)");
   t.add("parallel.stage_layers", OptionKind::kString, "",
@@ -50,6 +54,7 @@ ParallelConfig read_parallel_config(Options& o, int world_size) {
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
   c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"});
   c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 1, 1024));
+  c.dualpipe_overlap = o.get_bool("parallel.dualpipe_overlap");
   const std::string layers = o.get_string("parallel.stage_layers");
   if (!layers.empty() && !parse_integer_list(layers, &c.stage_layers))
     throw config_error("parallel.stage_layers", layers, "expected layer counts separated by commas, e.g. 9,8,8,7");

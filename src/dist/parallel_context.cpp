@@ -23,7 +23,8 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout_s)
   {
     Deadline deadline("MPI start-up (MPI_Init waits for every rank)", startup_timeout_s, Deadline::kStartup,
                       ExitCode::kCommunication);
-    // MULTIPLE for the progress thread (mpi_progress.h); FUNNELED is what the rest needs.
+    // MULTIPLE for the progress thread (mpi_progress.h) and DualPipeV's side lane (compute_lane.h);
+    // FUNNELED is what the rest needs.
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   }
   if (provided < MPI_THREAD_FUNNELED)
@@ -137,15 +138,23 @@ ParallelContext ParallelContext::create(const RankGrid& grid, const std::string&
   std::unique_ptr<Communicator> dp_group = agreed_group(dp);
   std::unique_ptr<Communicator> pp_group = agreed_group(pp);
   ParallelContext context{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s), std::move(dp_group),
-                          std::move(pp_group), 1, nullptr, nullptr};
+                          std::move(pp_group), 1, nullptr, nullptr, nullptr};
   if (ep > 1) {
     // Colours unique over the world: (stage, expert-data index) and (stage, ep rank).
     const int expert_data_index = coord.dp / ep, ep_rank = coord.dp % ep;
     MPI_Comm ep_comm = MPI_COMM_NULL, expert_dp_comm = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + expert_data_index, ep_rank, &ep_comm));
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + ep_rank, expert_data_index, &expert_dp_comm));
+    // MPI: a second communicator over the same ranks for DualPipeV's side lane (compute_lane.h),
+    // which calls MPI from a second thread.
+    int thread_level = MPI_THREAD_SINGLE;
+    MPI_CHECK(MPI_Query_thread(&thread_level));
+    const bool side_lane = backend == "mpi" && thread_level == MPI_THREAD_MULTIPLE;
+    MPI_Comm ep_side_comm = MPI_COMM_NULL;
+    if (side_lane) MPI_CHECK(MPI_Comm_dup(ep_comm, &ep_side_comm));
     context.ep = ep;
     context.ep_group = agreed_group(ep_comm);
+    if (side_lane) context.ep_side_group = agreed_group(ep_side_comm);
     context.expert_dp_group = agreed_group(expert_dp_comm);
   }
   return context;

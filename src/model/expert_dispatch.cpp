@@ -2,33 +2,31 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <chrono>
-
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 
 namespace dstrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // How one exchange moves rows (a struct, not tensors: autograd functions take it as it is).
 struct RowRoute {
   std::vector<int64_t> send_rows, recv_rows;
-  Communicator* group;
+  const LaneGroups* groups;
   double* seconds;
 };
 
 torch::Tensor all_to_all_rows(const torch::Tensor& rows, const RowRoute& route) {
-  const Clock::time_point start = Clock::now();
+  const double start = steady_seconds();
   const torch::Tensor input = rows.contiguous();
   int64_t received = 0;
   for (int64_t count : route.recv_rows) received += count;
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = received;
   torch::Tensor output = torch::empty(shape, input.options());
-  route.group->all_to_all(output, input, route.send_rows, route.recv_rows);
-  if (route.seconds) *route.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  route.groups->current()->all_to_all(output, input, route.send_rows, route.recv_rows);
+  const Interval wait{start, steady_seconds()};
+  note_wait(wait);
+  if (route.seconds) *route.seconds += wait.length();
   return output;
 }
 
@@ -38,7 +36,7 @@ class ExchangeRowsFunction : public torch::autograd::Function<ExchangeRowsFuncti
                                const RowRoute& route) {
     ctx->saved_data["send_rows"] = route.send_rows;
     ctx->saved_data["recv_rows"] = route.recv_rows;
-    ctx->saved_data["group"] = reinterpret_cast<int64_t>(route.group);
+    ctx->saved_data["groups"] = reinterpret_cast<int64_t>(route.groups);
     ctx->saved_data["seconds"] = reinterpret_cast<int64_t>(route.seconds);
     return all_to_all_rows(rows, route);
   }
@@ -46,7 +44,7 @@ class ExchangeRowsFunction : public torch::autograd::Function<ExchangeRowsFuncti
                                                  torch::autograd::variable_list grads) {
     // The reverse route: what was received goes back to where it came from.
     const RowRoute back{ctx->saved_data["recv_rows"].toIntVector(), ctx->saved_data["send_rows"].toIntVector(),
-                        reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt()),
+                        reinterpret_cast<const LaneGroups*>(ctx->saved_data["groups"].toInt()),
                         reinterpret_cast<double*>(ctx->saved_data["seconds"].toInt())};
     return {all_to_all_rows(grads[0], back), torch::Tensor()};
   }
@@ -80,8 +78,8 @@ DispatchPlan plan_dispatch(const torch::Tensor& expert_rows, Communicator& group
 }
 
 torch::Tensor exchange_rows(const torch::Tensor& rows, const std::vector<int64_t>& send_rows,
-                            const std::vector<int64_t>& recv_rows, Communicator& group, double* seconds) {
-  return ExchangeRowsFunction::apply(rows, RowRoute{send_rows, recv_rows, &group, seconds});
+                            const std::vector<int64_t>& recv_rows, const LaneGroups& groups, double* seconds) {
+  return ExchangeRowsFunction::apply(rows, RowRoute{send_rows, recv_rows, &groups, seconds});
 }
 
 torch::Tensor run_local_experts(const torch::Tensor& received, const DispatchPlan& plan,

@@ -146,13 +146,14 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts) {
   if (shard_.count > 1) {
-    if (!expert_group_ || expert_group_->size() != shard_.count)
+    Communicator* group = expert_groups_.current();
+    if (!group || group->size() != shard_.count)
       throw Error(ExitCode::kInternal, "an MoE layer holding part of its experts has no expert-parallel group");
-    const DispatchPlan plan = plan_dispatch(counts, *expert_group_);
+    const DispatchPlan plan = plan_dispatch(counts, *group);
     double* timer = is_training() ? &exchange_seconds_ : nullptr;  // what the training log reports
-    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, *expert_group_, timer);
+    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, expert_groups_, timer);
     const torch::Tensor computed = run_local_experts(received, plan, experts_);
-    return exchange_rows(computed, plan.recv_rows, plan.send_rows, *expert_group_, timer);
+    return exchange_rows(computed, plan.recv_rows, plan.send_rows, expert_groups_, timer);
   }
   torch::Tensor host_counts;
   {
@@ -180,7 +181,7 @@ void MoEImpl::count_ranks_reached(const torch::Tensor& chosen) {
   routed_tokens_ += static_cast<double>(chosen.size(0));
 }
 
-void MoEImpl::set_expert_group(Communicator* group) { expert_group_ = group; }
+void MoEImpl::set_expert_groups(const LaneGroups& groups) { expert_groups_ = groups; }
 
 void MoEImpl::update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "dstrain/core/error.h"
+#include "dstrain/pipeline/side_lane.h"
 
 namespace dstrain {
 
@@ -75,12 +76,19 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
       }
       continue;
     }
+    auto tokens_for = [&](const Action& f) {
+      const int vs = schedule.virtual_stage(stage_, f.chunk);
+      return vs == 0 || vs == schedule.last_virtual_stage() ? tokens(f.microbatch) : torch::Tensor();
+    };
+    if (a.paired && pairs_side_by_side_ && training) {
+      const std::vector<Action> backward_actions = paired_backward(actions, i);
+      run_pair(schedule, a, tokens_for(a), backward_actions, loss_divisor, loss_scale, sums, timed);
+      i += backward_actions.size();
+      continue;
+    }
     const accel::Timestamp start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
     if (a.kind == ActionKind::kForward) {
-      const bool first = schedule.virtual_stage(stage_, a.chunk) == 0;
-      const bool last = schedule.virtual_stage(stage_, a.chunk) == schedule.last_virtual_stage();
-      forward(schedule, a, first || last ? tokens(a.microbatch) : torch::Tensor(), training, loss_divisor,
-              loss_scale, sums);
+      forward(schedule, a, tokens_for(a), training, loss_divisor, loss_scale, sums);
     } else if (a.kind == ActionKind::kBackward) {
       backward(schedule, a);
     } else {
@@ -100,19 +108,44 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
 
 void PipelineExecutor::forward(const Schedule& schedule, const Action& a, const torch::Tensor& tokens, bool training,
                                double loss_divisor, const torch::Tensor& loss_scale, std::vector<torch::Tensor>& sums) {
+  const torch::Tensor input = forward_input(schedule, a, tokens, training);
+  keep_forward(schedule, a, compute_forward(schedule, a, input, tokens), training, loss_divisor, loss_scale, sums);
+}
+
+torch::Tensor PipelineExecutor::forward_input(const Schedule& schedule, const Action& a, const torch::Tensor& tokens,
+                                              bool training) {
+  const Key key{a.microbatch, a.chunk};
+  if (schedule.virtual_stage(stage_, a.chunk) == 0) return tokens.narrow(1, 0, shape_.seq_len);
+  torch::Tensor input = inputs_.at(key);
+  if (!training) inputs_.erase(key);  // no backward will need it
+  return input;
+}
+
+PipelineExecutor::ForwardResult PipelineExecutor::compute_forward(const Schedule& schedule, const Action& a,
+                                                                  const torch::Tensor& input,
+                                                                  const torch::Tensor& tokens) {
+  ForwardResult result;
+  if (schedule.virtual_stage(stage_, a.chunk) != schedule.last_virtual_stage())
+    result.output = model_.forward(a.chunk, input);
+  else
+    result.losses = model_.losses(a.chunk, input, tokens);
+  return result;
+}
+
+void PipelineExecutor::keep_forward(const Schedule& schedule, const Action& a, const ForwardResult& result,
+                                    bool training, double loss_divisor, const torch::Tensor& loss_scale,
+                                    std::vector<torch::Tensor>& sums) {
   const Key key{a.microbatch, a.chunk};
   const int vs = schedule.virtual_stage(stage_, a.chunk);
-  torch::Tensor input = vs == 0 ? tokens.narrow(1, 0, shape_.seq_len) : inputs_.at(key);
-  if (!training) inputs_.erase(key);  // no backward will need it
   if (vs != schedule.last_virtual_stage()) {
-    torch::Tensor& output = outputs_[key] = model_.forward(a.chunk, input);
+    torch::Tensor& output = outputs_[key] = result.output;
     if (schedule.stage_of(vs + 1) == stage_) {  // the next virtual stage is here (a V's turn): no transfer
       inputs_[{a.microbatch, schedule.chunk_of(vs + 1)}] = output.detach().requires_grad_(training);
       if (!training) outputs_.erase(key);
     }
     return;
   }
-  const MicroBatchLosses losses = model_.losses(a.chunk, input, tokens);
+  const MicroBatchLosses& losses = result.losses;
   if (!training) {
     sums[0] += losses.reported.at(0).to(torch::kFloat64);
     return;
@@ -121,6 +154,52 @@ void PipelineExecutor::forward(const Schedule& schedule, const Action& a, const 
   for (size_t i = 0; i < sums.size(); ++i)
     if (losses.reported.at(i).defined()) sums[i] += losses.reported[i].detach() / loss_divisor;
   outputs_[key] = loss_scale.defined() ? objective * loss_scale : objective;
+}
+
+std::vector<Action> PipelineExecutor::paired_backward(const std::vector<Action>& actions, size_t forward) {
+  // The backward pass right after the forward, and its weight gradients if they come at once;
+  // what follows is another segment's, which may need the forward's result.
+  std::vector<Action> pair;
+  if (forward + 1 < actions.size() && actions[forward + 1].kind == ActionKind::kBackward) {
+    const Action& b = actions[forward + 1];
+    pair.push_back(b);
+    if (forward + 2 < actions.size() && actions[forward + 2].kind == ActionKind::kWeight &&
+        actions[forward + 2].microbatch == b.microbatch && actions[forward + 2].chunk == b.chunk)
+      pair.push_back(actions[forward + 2]);
+  }
+  if (pair.empty()) throw Error(ExitCode::kInternal, "pipeline: a paired forward without a backward pass after it");
+  return pair;
+}
+
+void PipelineExecutor::run_pair(const Schedule& schedule, const Action& f, const torch::Tensor& tokens,
+                                const std::vector<Action>& backward_actions, double loss_divisor,
+                                const torch::Tensor& loss_scale, std::vector<torch::Tensor>& sums, bool timed) {
+  const torch::Device device = shape_.device;
+  // The side lane touches none of the executor's state: it is handed its input and hands back its result.
+  const torch::Tensor input = forward_input(schedule, f, tokens, /*training=*/true);
+  ForwardResult result;
+  accel::Timestamp start, end;
+  SideLane side([&] {
+    start = accel::Timestamp::now(device);
+    result = compute_forward(schedule, f, input, tokens);
+    end = accel::Timestamp::now(device);
+  });
+  const LaneTimeline main = timed_lane([&] {
+    for (const Action& b : backward_actions) {
+      const accel::Timestamp start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
+      if (b.kind == ActionKind::kBackward)
+        backward(schedule, b);
+      else
+        weight_gradients_.compute({b.microbatch, b.chunk});
+      if (timed) computes_.push_back({b.kind, b.chunk, start, accel::Timestamp::now(device)});
+    }
+  });
+  const LaneTimeline& forward_lane = side.join();
+  // (The forward's span overlaps the backward's: the simulator's prediction, which takes them one
+  // after the other, is then an upper bound.)
+  if (timed) computes_.push_back({ActionKind::kForward, f.chunk, start, end});
+  hidden_exchange_seconds_ += hidden_wait_seconds(forward_lane, main);
+  keep_forward(schedule, f, result, /*training=*/true, loss_divisor, loss_scale, sums);
 }
 
 void PipelineExecutor::backward(const Schedule& schedule, const Action& a) {
@@ -206,6 +285,12 @@ std::pair<double, double> PipelineExecutor::take_wait_and_span() {
   waits_.clear();
   steps_.clear();
   return {wait, span};
+}
+
+double PipelineExecutor::take_hidden_exchange_seconds() {
+  const double seconds = hidden_exchange_seconds_;
+  hidden_exchange_seconds_ = 0;
+  return seconds;
 }
 
 std::vector<ActionCosts> PipelineExecutor::take_action_costs() {

@@ -12,6 +12,7 @@ namespace {
 struct Compute {
   ActionKind kind;  // kForward, kBackward or kWeight
   int microbatch, chunk;
+  bool paired = false;  // a forward paired with the backward pass after it (Action::paired)
 };
 
 // The compute actions of stage `s`, in segments: a segment's computes run back to back, and the
@@ -109,7 +110,8 @@ std::vector<Segment> zbv_segments(int pp, int m, int s) {
 
 // DualPipeV (DeepSeek-V3's DualPipe in its V form, deepseek-ai/DualPipe): two chunks per stage in
 // a V; in the steady state a forward on one chunk is paired with a whole backward pass on the
-// other (on GPUs, one's all-to-all runs while the other computes); the last backward passes are
+// other (Action::paired: the executor may run them side by side, so that one's expert all-to-all
+// travels while the other computes); the last backward passes are
 // split, and their weight gradients, kept in one queue for both chunks, fill the cool-down.
 // Bubble (pp − 1)(F&B + B − 3W) for B the whole backward pass.
 std::vector<Segment> dualpipev_segments(int pp, int m, int s) {
@@ -133,6 +135,7 @@ std::vector<Segment> dualpipev_segments(int pp, int m, int s) {
   };
   auto paired = [&](int forward_chunk, int backward_chunk) {
     Segment pair{forward(forward_chunk)};
+    pair.front().paired = true;
     for (const Compute& b : whole_backward(backward_chunk)) pair.push_back(b);
     return pair;
   };
@@ -279,7 +282,7 @@ Schedule make_schedule(ScheduleKind kind, int pp, int v, int m, bool v_shape) {
       for (const Compute& c : segment) receive_of(c, &group);
       flush(group);
       for (const Compute& c : segment) {
-        actions.push_back({c.kind, c.microbatch, c.chunk});
+        actions.push_back({c.kind, c.microbatch, c.chunk, -1, c.paired});
         send_of(c, &group);
       }
     }

@@ -54,11 +54,16 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
     chunks.push_back(model);
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
-  for (auto [index, moe] : rank.model->moe_layers()) moe->set_expert_group(parallel.ep_group.get());
+  const LaneGroups expert_groups(parallel.ep_group.get(), parallel.ep_side_group.get());
+  for (auto [index, moe] : rank.model->moe_layers()) moe->set_expert_groups(expert_groups);
   Schedule evaluation = make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches, training.v_shape);
   rank.executor = std::make_unique<PipelineExecutor>(
       std::move(training), std::move(evaluation), stage, *rank.model,
       *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
+  // Side by side only where there is an exchange to hide and a communicator for the side lane;
+  // on a GPU both lanes would queue on one stream.
+  rank.executor->set_pairs_side_by_side(schedule == ScheduleKind::kDualPipeV && c.parallel.dualpipe_overlap &&
+                                        expert_groups.has_side() && !device.is_cuda());
   return rank;
 }
 

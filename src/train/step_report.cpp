@@ -41,6 +41,7 @@ std::string optional_fields_text(const nlohmann::json& r) {
   add_worst_layer("expert_load_max_over_mean", " | expert load max/mean %.2f");
   add_worst_layer("ep_load_max_over_mean", " | EP rank load max/mean %.2f");
   add("expert_exchange_share", " | expert exchange %.0f%%", 100);
+  add("expert_exchange_hidden", " (%.0f%% hidden)", 100);
   if (r.contains("dp_comm_s")) {
     std::snprintf(part, sizeof part, " | DP comm %.0f ms, %.0f ms exposed", 1000 * r["dp_comm_s"].get<double>(),
                   1000 * r["dp_comm_exposed_s"].get<double>());
@@ -225,10 +226,10 @@ StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing) {
   };
 }
 
-StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, ParallelContext& parallel,
-                                              int64_t start_step) {
+StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, PipelineExecutor& executor,
+                                              ParallelContext& parallel, int64_t start_step) {
   auto last_step = std::make_shared<int64_t>(start_step);
-  return [&stage, &parallel, last_step](nlohmann::json& record) {
+  return [&stage, &executor, &parallel, last_step](nlohmann::json& record) {
     // The interval's training passes only: evaluation's exchanges are not counted.
     double seconds = 0;
     for (auto [index, moe] : stage.moe_layers()) {
@@ -238,9 +239,13 @@ StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, P
     const int64_t step = record["step"].get<int64_t>();
     const double interval = record["step_time_s"].get<double>() * static_cast<double>(step - *last_step);
     *last_step = step;
-    torch::Tensor share = torch::full({1}, interval > 0 ? seconds / interval : 0.0, torch::kFloat64);
-    parallel.world->all_reduce(share, ReduceOp::kAvg);
-    record["expert_exchange_share"] = share.item<double>();
+    // [share of the interval, exchange seconds, of them hidden by the other lane of a pair]
+    torch::Tensor sums = torch::tensor({interval > 0 ? seconds / interval : 0.0, seconds,
+                                        executor.take_hidden_exchange_seconds()}, torch::kFloat64);
+    parallel.world->all_reduce(sums, ReduceOp::kSum);
+    record["expert_exchange_share"] = sums[0].item<double>() / parallel.world->size();
+    if (executor.pairs_side_by_side() && sums[1].item<double>() > 0)
+      record["expert_exchange_hidden"] = sums[2].item<double>() / sums[1].item<double>();
   };
 }
 

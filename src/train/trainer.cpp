@@ -160,7 +160,8 @@ void Trainer::open_run_directory() {
   if (parallel_.grid.pp() > 1) report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
   if (parallel_.ep > 1)
-    report_->add_field_source(expert_exchange_field(*stage_.model, parallel_, state_->start_step()));
+    report_->add_field_source(
+        expert_exchange_field(*stage_.model, *stage_.executor, parallel_, state_->start_step()));
   if (parallel_.grid.dp() > 1)  // times by host clocks: MPI's; NCCL's run on their own stream
     report_->add_field_source(
         data_parallel_comm_field(*grads_, parallel_, /*host_clocks=*/parallel_.dp_group->backend() == "mpi"));

@@ -121,3 +121,42 @@ TEST(ZeroBubble, RecomputationZeroAndExpertParallelismStayRight) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   expect_same_training(dir, single_rank());
 }
+
+// DualPipeV's pairs side by side: each pair's forward on a second thread, its expert all-to-all on
+// a communicator of its own, while the main thread runs the paired backward pass (whose
+// recomputed forward exchanges again). The same bits as one after the other, and the log says how
+// much of the exchange the other lane hid.
+TEST(ZeroBubble, DualPipeVPairsSideBySideTrainTheSameBitsAndHideExchanges) {
+  const std::vector<std::string> expert_parallel = {"--parallel.ep", "2", "--train.recompute", "full",
+                                                    "--log.interval", "1"};
+  auto run_pairs = [&](const std::string& name, const std::string& side_by_side) {
+    const std::string dir = scratch_dir("zero-bubble-pairs-" + name);
+    std::vector<std::string> args = expert_parallel;
+    args.insert(args.end(), {"--parallel.dualpipe_overlap", side_by_side});
+    RunOutput run = train_v3(2, 2, "dualpipev", dir, args);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return std::make_pair(dir, run.output);
+  };
+  const auto [apart, apart_output] = run_pairs("apart", "false");
+  const auto [beside, beside_output] = run_pairs("beside", "true");
+  const std::vector<nlohmann::json> a = train_records(apart), b = train_records(beside);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* key : {"loss", "mtp_loss", "balance_loss", "grad_norm"})
+      EXPECT_EQ(b[i][key].get<double>(), a[i][key].get<double>()) << key << " at step " << a[i]["step"];
+    EXPECT_FALSE(a[i].contains("expert_exchange_hidden"));
+    ASSERT_TRUE(b[i].contains("expert_exchange_hidden")) << b[i].dump();
+    const double hidden = b[i]["expert_exchange_hidden"].get<double>();
+    EXPECT_GT(hidden, 0.0);
+    EXPECT_LE(hidden, 1.0);
+  }
+  EXPECT_NE(beside_output.find("% hidden)"), std::string::npos) << beside_output;
+  const dstrain::NamedTensors x = dstrain::read_parameter_file(beside + "/final_model.h5");
+  const dstrain::NamedTensors y = dstrain::read_parameter_file(apart + "/final_model.h5");
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(x[i].first, y[i].first);
+    EXPECT_TRUE(x[i].second.equal(y[i].second)) << x[i].first;
+  }
+}

@@ -4,6 +4,7 @@
 // for DualPipeV) for several stage and micro-batch counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -119,6 +120,43 @@ TEST(ZeroBubbleSchedules, DualPipeVBubbleIsDeepSeeksFormula) {
       }
     }
   }
+}
+
+// DualPipeV's pairs may run side by side (side_lane.h) only if neither half needs the other: the
+// paired backward pass is of the other chunk and of a micro-batch whose forward on that chunk is
+// already done, and the next action after it is not its own weight gradient's of another pass.
+TEST(ZeroBubbleSchedules, DualPipeVPairsAForwardWithABackwardThatDoesNotNeedIt) {
+  for (int p : {2, 3, 4}) {
+    for (int m : {2 * p, 3 * p + 1}) {
+      const Schedule s = make_schedule(ScheduleKind::kDualPipeV, p, 2, m);
+      for (int stage = 0; stage < p; ++stage) {
+        const std::vector<Action>& actions = s.stages[stage];
+        int pairs = 0;
+        for (size_t i = 0; i < actions.size(); ++i) {
+          if (!actions[i].paired) continue;
+          ++pairs;
+          const Action &f = actions[i], &b = actions.at(i + 1);
+          ASSERT_EQ(f.kind, ActionKind::kForward);
+          ASSERT_EQ(b.kind, ActionKind::kBackward) << "stage " << stage << " action " << i;
+          EXPECT_NE(b.chunk, f.chunk);
+          const auto earlier_forward = std::find(actions.begin(), actions.begin() + static_cast<std::ptrdiff_t>(i),
+                                                 Action{ActionKind::kForward, b.microbatch, b.chunk});
+          EXPECT_NE(earlier_forward, actions.begin() + static_cast<std::ptrdiff_t>(i))
+              << "p=" << p << " m=" << m << " stage " << stage << ": a paired backward before its forward";
+        }
+        // Two pairs in each round of the steady state (one fewer in the first on the last stage,
+        // whose backward there needs the forward just before it), then one in each round of the
+        // cool-down's first part.
+        const int rounds = m - 2 * p + stage + 1;
+        EXPECT_EQ(pairs, 2 * rounds - (stage == p - 1 ? 1 : 0) + (p - stage - 1)) << "p=" << p << " m=" << m;
+      }
+    }
+  }
+  // No other schedule pairs (the interleaved one's forward and backward go one after the other).
+  for (auto [kind, chunks] : {std::make_pair(ScheduleKind::kOneFOneB, 1), std::make_pair(ScheduleKind::kInterleaved, 2),
+                              std::make_pair(ScheduleKind::kZbH1, 1), std::make_pair(ScheduleKind::kZbV, 2)})
+    for (const std::vector<Action>& actions : make_schedule(kind, 2, chunks, 8).stages)
+      for (const Action& a : actions) EXPECT_FALSE(a.paired) << schedule_name(kind);
 }
 
 TEST(ZeroBubbleSchedules, VSchedulesPlaceTheFirstAndLastChunkOnStageZero) {

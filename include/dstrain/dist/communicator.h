@@ -48,8 +48,9 @@ class Communicator {
   // gradient buckets, which are reduced while the backward pass goes on.
   virtual std::unique_ptr<Work> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
   // Whether operations may be started from a thread other than the one that made the
-  // communicator (the autograd engine's GPU threads): NCCL yes, MPI no (its operations are
-  // started from the main thread; only mpi_progress.h's thread tests them besides).
+  // communicator (the autograd engine's GPU threads): NCCL yes, MPI no (a communicator's
+  // operations are started from one thread, a lane's (compute_lane.h); only mpi_progress.h's
+  // thread tests them besides).
   virtual bool callable_from_any_thread() const = 0;
   // `input` holds size() equal chunks along dim 0; rank r receives the reduction of chunk r.
   virtual void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) = 0;

@@ -18,8 +18,9 @@ struct ParallelConfig {
   // the data dimension), so that the token exchange stays among neighbouring ranks.
   int ep = 1;
   std::string order = "dp-pp";
-  std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved
-  int virtual_stages = 1;             // model chunks per pipeline stage (interleaved)
+  std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved | zb-h1 | zbv | dualpipev
+  int virtual_stages = 1;             // model chunks per pipeline stage (interleaved, zbv, dualpipev)
+  bool dualpipe_overlap = true;       // dualpipev: a pair's forward and backward side by side
   std::vector<int64_t> stage_layers;  // layers per virtual stage; empty: balanced by cost
 };
 

@@ -10,7 +10,9 @@
 
 namespace dstrain {
 
-// MPI_Init_thread on construction, finalize_mpi on destruction. Only the main thread calls MPI.
+// MPI_Init_thread on construction, finalize_mpi on destruction. The main thread calls MPI, and
+// besides it only the progress thread (mpi_progress.h) and DualPipeV's side lane, on
+// communicators of its own (compute_lane.h).
 // Left by an exception, it does not finalize: whoever catches the error reports it first and then
 // calls finalize_mpi, so that a failure in MPI's or HDF5's clean-up cannot swallow the message.
 // MPI_Init waits for every rank: one that does not come within `startup_timeout_s` ends the job
@@ -53,6 +55,10 @@ struct ParallelContext {
   // gradients (expert_dp_group, dp / ep ranks).
   int ep = 1;
   std::unique_ptr<Communicator> ep_group;
+  // The MPI backend's second communicator over ep_group's ranks, for the forward passes that
+  // DualPipeV's pairs run on a side thread (compute_lane.h); nullptr with NCCL, or where MPI
+  // does not provide MPI_THREAD_MULTIPLE.
+  std::unique_ptr<Communicator> ep_side_group;
   std::unique_ptr<Communicator> expert_dp_group;
 
   int ep_rank() const { return coord.dp % ep; }

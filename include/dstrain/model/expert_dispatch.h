@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dstrain/dist/communicator.h"
+#include "dstrain/dist/compute_lane.h"
 #include "dstrain/model/layers.h"
 
 namespace dstrain {
@@ -33,9 +34,13 @@ DispatchPlan plan_dispatch(const torch::Tensor& expert_rows, Communicator& group
 
 // Differentiable all-to-all of rows (Communicator::all_to_all): the gradients travel back the
 // reverse way in the backward pass, so every rank of the group must run the same backward passes.
-// `seconds`, when given, accumulates the wall time spent exchanging, forward and backward.
+// Each exchange goes through the communicator of the lane that runs it (compute_lane.h): a
+// forward pass on the side lane may have its backward pass on the main one. `seconds`, when
+// given, accumulates the wall time spent exchanging, forward and backward; each wait is also
+// noted for the lane's WaitLog. `groups` outlives the backward pass.
 torch::Tensor exchange_rows(const torch::Tensor& rows, const std::vector<int64_t>& send_rows,
-                            const std::vector<int64_t>& recv_rows, Communicator& group, double* seconds = nullptr);
+                            const std::vector<int64_t>& recv_rows, const LaneGroups& groups,
+                            double* seconds = nullptr);
 
 // The received rows through this rank's experts (`experts`: its local experts in order), each
 // expert's rows as one batch; the results in the order the rows arrived, ready to go back.

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "dstrain/dist/communicator.h"
+#include "dstrain/dist/compute_lane.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
@@ -58,8 +58,9 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // [B, S, hidden]
 
   const ExpertShard& expert_shard() const { return shard_; }
-  // The ranks that hold the other parts, ordered by part (needed when the layer holds a part).
-  void set_expert_group(Communicator* group);
+  // The ranks that hold the other parts, ordered by part (needed when the layer holds a part), a
+  // communicator for each lane that computes the layer (compute_lane.h).
+  void set_expert_groups(const LaneGroups& groups);
   // Expert parallelism's measures since the last update_bias: the number of distinct group ranks
   // each routed token reached, summed over tokens, and those tokens, fp32 0-d each (training
   // passes only); and the wall seconds spent exchanging rows, forward and backward.
@@ -91,7 +92,7 @@ class MoEImpl : public torch::nn::Module {
 
   ModelConfig config_;
   ExpertShard shard_;
-  Communicator* expert_group_ = nullptr;
+  LaneGroups expert_groups_;
   torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_, ranks_reached_, routed_tokens_;
   double exchange_seconds_ = 0;
   std::vector<SwiGLU> experts_;  // the routed experts held, in order

@@ -58,6 +58,14 @@ class PipelineExecutor {
   // average since the last call (seconds; synchronises); empty with a single stage.
   std::vector<ActionCosts> take_action_costs();
   const Schedule& training_schedule() const { return train_; }
+  // DualPipeV's pairs: each pair's forward pass on a side lane, beside its backward pass on this
+  // thread (side_lane.h), instead of one after the other. For the CPU with the MPI backend, whose
+  // expert exchange has a communicator for each lane; the results are the same bits.
+  void set_pairs_side_by_side(bool on) { pairs_side_by_side_ = on; }
+  bool pairs_side_by_side() const { return pairs_side_by_side_; }
+  // The seconds of expert exchange that a pair's other lane hid behind its computation, since
+  // the last call (0 unless pairs run side by side).
+  double take_hidden_exchange_seconds();
 
  private:
   using Key = std::tuple<int, int>;  // (micro-batch, chunk)
@@ -68,6 +76,24 @@ class PipelineExecutor {
   // to `sums` and its objective kept for the backward pass.
   void forward(const Schedule& schedule, const Action& a, const torch::Tensor& tokens, bool training,
                double loss_divisor, const torch::Tensor& loss_scale, std::vector<torch::Tensor>& sums);
+  // The three parts of forward(): its input (taken from the received ones), the model's work
+  // (which touches nothing of the executor's, so that a side lane may run it), and keeping what
+  // it computed for the transfers and the backward pass.
+  struct ForwardResult {
+    torch::Tensor output;      // the activation for the next virtual stage
+    MicroBatchLosses losses;   // or, on the last virtual stage, the losses
+  };
+  torch::Tensor forward_input(const Schedule& schedule, const Action& a, const torch::Tensor& tokens, bool training);
+  ForwardResult compute_forward(const Schedule& schedule, const Action& a, const torch::Tensor& input,
+                                const torch::Tensor& tokens);
+  void keep_forward(const Schedule& schedule, const Action& a, const ForwardResult& result, bool training,
+                    double loss_divisor, const torch::Tensor& loss_scale, std::vector<torch::Tensor>& sums);
+  // The actions paired with the forward at `actions[forward]`: its B, and its W if it follows.
+  static std::vector<Action> paired_backward(const std::vector<Action>& actions, size_t forward);
+  // A paired forward `f` on the side lane, beside `backward_actions` (its pair's B and W) here.
+  void run_pair(const Schedule& schedule, const Action& f, const torch::Tensor& tokens,
+                const std::vector<Action>& backward_actions, double loss_divisor, const torch::Tensor& loss_scale,
+                std::vector<torch::Tensor>& sums, bool timed);
   void backward(const Schedule& schedule, const Action& a);
   // Sends and receives of one group of consecutive transfer actions, all at once.
   void exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training, bool timed);
@@ -91,6 +117,8 @@ class PipelineExecutor {
     accel::Timestamp start, end;
   };
   std::vector<ComputeSpan> computes_;
+  bool pairs_side_by_side_ = false;
+  double hidden_exchange_seconds_ = 0;
 };
 
 }  // namespace dstrain

@@ -29,6 +29,9 @@ struct Action {
   int microbatch;
   int chunk;     // this stage's chunk (0 .. v-1); for transfers, the chunk that sends or receives
   int peer = -1; // transfers: the other stage
+  // A forward that DualPipeV pairs with the backward pass after it (and its weight gradients):
+  // the two may run side by side (pipeline/side_lane.h).
+  bool paired = false;
 
   bool is_compute() const {
     return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kWeight;

@@ -121,10 +121,11 @@ StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, Parall
 // under expert parallelism the same for the expert-parallel ranks and the ranks a token reached.
 StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing);
 // Expert parallelism: the share of the interval's time spent exchanging tokens (dispatch and
-// combine, forward and backward, waits for peers included), averaged over every rank (collective).
+// combine, forward and backward, waits for peers included), averaged over every rank (collective);
+// with DualPipeV's pairs side by side, the share of that time the other lane's computation hid.
 // `start_step`: the step the run continues after.
-StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, ParallelContext& parallel,
-                                              int64_t start_step);
+StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, PipelineExecutor& executor,
+                                              ParallelContext& parallel, int64_t start_step);
 // The data-parallel gradient reduction, per step of the interval and averaged over every rank
 // (collective): the bytes a rank sent, and with `host_clocks` (the MPI backend) the time a bucket
 // was under way and the part the step waited for after its backward pass (what overlap did not
