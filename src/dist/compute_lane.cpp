@@ -1,5 +1,6 @@
 #include "dstrain/dist/compute_lane.h"
 
+#include <atomic>
 #include <chrono>
 
 namespace dstrain {
@@ -7,6 +8,7 @@ namespace {
 
 thread_local Lane lane = Lane::kMain;
 thread_local WaitLog* wait_log = nullptr;
+std::atomic<int> side_lanes{0};
 
 }  // namespace
 
@@ -14,6 +16,10 @@ Lane current_lane() { return lane; }
 
 LaneScope::LaneScope(Lane l) : outer_(lane) { lane = l; }
 LaneScope::~LaneScope() { lane = outer_; }
+
+bool side_lane_running() { return side_lanes.load(std::memory_order_relaxed) > 0; }
+SideLaneRunning::SideLaneRunning() { ++side_lanes; }
+SideLaneRunning::~SideLaneRunning() { --side_lanes; }
 
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "dstrain/dist/compute_lane.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/dist/mpi_progress.h"
 #include "dstrain/dist/peer_health.h"
@@ -203,8 +204,9 @@ void MpiCommunicator::wait_until(const std::function<bool()>& done, const std::f
     if (done()) return;
     peer_health::answer();
     if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) throw timeout_error(what());
-    // Spin briefly (most operations finish at once), then leave the core to the others.
-    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Spin briefly (most operations finish at once), then leave the core to the others; at once
+    // while a side lane runs, whose other thread has work for it.
+    if (polls > (side_lane_running() ? 2 : 1000)) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

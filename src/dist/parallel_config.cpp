@@ -17,10 +17,10 @@ void add_parallel_options(OptionTable& t) {
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
         "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
         "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V; comm.backend mpi)");
-  t.add("parallel.dualpipe_overlap", OptionKind::kBool, "true",
+  t.add("parallel.dualpipe_overlap", OptionKind::kBool, "false",
         "dualpipev with expert parallelism: each pair's forward runs on a second thread beside the paired "
         "backward, so that one micro-batch's expert all-to-all waits while the other computes (CPU with the MPI "
-        "backend; on GPUs the pairs run one after the other)");
+        "backend; it pays where ranks have cores to spare; on GPUs the pairs run one after the other)");
   t.add("parallel.virtual_stages", OptionKind::kInt, "1",
         "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2)");
   t.add("parallel.stage_layers", OptionKind::kString, "",

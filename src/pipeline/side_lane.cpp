@@ -57,6 +57,7 @@ SideLane::SideLane(std::function<void()> work) {
   thread_ = std::thread([this, work = std::move(work), caller] {
     const at::ThreadLocalStateGuard state(caller);
     const LaneScope lane(Lane::kSide);
+    const SideLaneRunning running;
     try {
       timeline_ = timed_lane(work);
     } catch (...) {

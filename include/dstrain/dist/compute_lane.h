@@ -30,6 +30,17 @@ class LaneScope {
   Lane outer_;
 };
 
+// Whether a side lane is running now (on this rank): a wait then leaves the core to the other
+// lane at once rather than spinning first.
+bool side_lane_running();
+class SideLaneRunning {  // while it lives, side_lane_running() holds
+ public:
+  SideLaneRunning();
+  ~SideLaneRunning();
+  SideLaneRunning(const SideLaneRunning&) = delete;
+  SideLaneRunning& operator=(const SideLaneRunning&) = delete;
+};
+
 // One group of ranks, a communicator for each lane. Without a side communicator (a backend that
 // has no side lane) both lanes get the main one.
 class LaneGroups {

@@ -20,7 +20,7 @@ struct ParallelConfig {
   std::string order = "dp-pp";
   std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved | zb-h1 | zbv | dualpipev
   int virtual_stages = 1;             // model chunks per pipeline stage (interleaved, zbv, dualpipev)
-  bool dualpipe_overlap = true;       // dualpipev: a pair's forward and backward side by side
+  bool dualpipe_overlap = false;      // dualpipev: a pair's forward and backward side by side
   std::vector<int64_t> stage_layers;  // layers per virtual stage; empty: balanced by cost
 };
 
