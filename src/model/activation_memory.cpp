@@ -70,13 +70,42 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   return (selective ? 4.0 : 8.0) * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
 }
 
+double weight_store_elements(const ModelConfig& c, int64_t layer) {
+  const double h = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_heads);
+  double attention = 0;
+  if (c.is_mla()) {
+    const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
+    const double qk = static_cast<double>(c.qk_head_dim()), v = static_cast<double>(c.value_head_dim());
+    const double nope = static_cast<double>(c.qk_nope_head_dim), rope = static_cast<double>(c.qk_rope_head_dim);
+    // q_a_proj and q_b_proj (or q_proj): the latent between them and both gradients.
+    const double query = c.q_lora_rank > 0 ? 2.0 * q_lora + heads * qk : heads * qk;
+    // The normalised input (q_a_proj's and kv_a_proj_with_mqa's), the query's, kv_a_proj_with_mqa's
+    // gradient, kv_b_proj's input and gradient, o_proj's input and gradient.
+    attention = h + query + (kv_lora + rope) + kv_lora + heads * (nope + v) + heads * v + h;
+  } else {
+    const double d = static_cast<double>(c.head_dim()), kv_heads = static_cast<double>(c.num_kv_heads);
+    attention = h + heads * d + 2.0 * kv_heads * d + heads * d + h;  // q, k, v's; o_proj's
+  }
+  // A SwiGLU: its input (gate's and up's), the activation into down, and the three gradients.
+  auto swiglu = [h](double intermediate) { return 2.0 * h + 3.0 * intermediate; };
+  double mlp = swiglu(static_cast<double>(c.intermediate_size));
+  if (c.is_moe_layer(layer)) {
+    const double expert = static_cast<double>(c.moe_intermediate_size);
+    mlp = static_cast<double>(c.num_experts_per_tok) * swiglu(expert) +
+          (c.n_shared_experts > 0 ? swiglu(static_cast<double>(c.n_shared_experts) * expert) : 0.0);
+  }
+  const double mtp_projection = layer >= c.num_layers ? 3.0 * h : 0.0;  // eh_proj: [h; embedding] in, h out
+  return attention + mlp + mtp_projection;
+}
+
 double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>& chunks,
                              const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len) * static_cast<double>(o.element_bytes);
   const double h = static_cast<double>(c.hidden_size);
-  double kept = 0, rerun = 0, head = 0;
+  double kept = 0, rerun = 0, head = 0, awaiting_weights = 0;
   for (const LayerSlice& slice : chunks) {
     for (int64_t layer = slice.first; layer < slice.last; ++layer) {
+      awaiting_weights += weight_store_elements(c, layer) * tokens;
       const int64_t index = layer - slice.first;
       const bool recomputed = o.recompute.mode == Recompute::kFull &&
                               (o.recompute.layers == 0 || index < o.recompute.layers);
@@ -89,14 +118,17 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
     // Multi-token prediction (never recomputed): each module's layer, its projection's input
     // ([normalised hidden; embedding]) and its logits' gradient.
     const double mtp_per_token = 2.0 * h + static_cast<double>(c.vocab_size);
-    for (int64_t depth = 1; depth <= c.num_nextn_predict_layers; ++depth)
+    for (int64_t depth = 1; depth <= c.num_nextn_predict_layers; ++depth) {
       kept += (layer_activation_elements(c, c.num_layers + depth - 1, o) + mtp_per_token) * tokens;
+      awaiting_weights += weight_store_elements(c, c.num_layers + depth - 1) * tokens;
+    }
   }
   // The backward pass's working set on top: the gradients flowing between layers and those of a
   // layer's widest matrix products (an MLP's gate and up).
   const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size));
   const double working = (2.0 * h + 2.0 * widest) * tokens;
-  return kept * static_cast<double>(o.micro_batches_in_flight) + std::max(head, rerun) + working;
+  return kept * o.micro_batches_in_flight + awaiting_weights * o.micro_batches_awaiting_weights +
+         std::max(head, rerun) + working;
 }
 
 }  // namespace dstrain

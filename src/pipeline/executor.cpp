@@ -186,12 +186,12 @@ void PipelineExecutor::run_pair(const Schedule& schedule, const Action& f, const
   });
   const LaneTimeline main = timed_lane([&] {
     for (const Action& b : backward_actions) {
-      const accel::Timestamp start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
+      const accel::Timestamp began = timed ? accel::Timestamp::now(device) : accel::Timestamp();
       if (b.kind == ActionKind::kBackward)
         backward(schedule, b);
       else
         weight_gradients_.compute({b.microbatch, b.chunk});
-      if (timed) computes_.push_back({b.kind, b.chunk, start, accel::Timestamp::now(device)});
+      if (timed) computes_.push_back({b.kind, b.chunk, began, accel::Timestamp::now(device)});
     }
   });
   const LaneTimeline& forward_lane = side.join();

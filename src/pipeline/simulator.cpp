@@ -30,10 +30,11 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   SimulationResult result;
   result.busy.assign(pp, 0.0);
   result.peak_live.assign(pp, 0);
+  result.live_states.assign(pp, {});
   result.timeline.assign(pp, {});
   std::vector<size_t> next(pp, 0);
   std::vector<double> clock(pp, 0.0);
-  std::vector<int> live(pp, 0);
+  std::vector<int> awaiting_backward(pp, 0), awaiting_weights(pp, 0);
   // Per directed pair (from, to): messages posted by the sender and by the receiver, matched
   // first to first; each with the time it was posted.
   struct Posted {
@@ -71,10 +72,16 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
           result.timeline[s].push_back({clock[s], clock[s] + cost, a});
           clock[s] += cost;
           result.busy[s] += cost;
-          // A micro-batch's activations stay until its weight gradients are computed.
-          const ActionKind frees = schedule.splits_backward() ? ActionKind::kWeight : ActionKind::kBackward;
-          live[s] += a.kind == ActionKind::kForward ? 1 : a.kind == frees ? -1 : 0;
-          result.peak_live[s] = std::max(result.peak_live[s], live[s]);
+          // A micro-batch's activations stay until its backward pass; a split one's B leaves what
+          // its weight gradients need until W.
+          if (a.kind == ActionKind::kForward) ++awaiting_backward[s];
+          if (a.kind == ActionKind::kBackward) --awaiting_backward[s];
+          if (a.kind == ActionKind::kBackward && schedule.splits_backward()) ++awaiting_weights[s];
+          if (a.kind == ActionKind::kWeight) --awaiting_weights[s];
+          result.peak_live[s] = std::max(result.peak_live[s], awaiting_backward[s] + awaiting_weights[s]);
+          const std::pair<int, int> state{awaiting_backward[s], awaiting_weights[s]};
+          std::vector<std::pair<int, int>>& states = result.live_states[s];
+          if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
           ++next[s];
           progress = true;
           continue;

@@ -37,15 +37,24 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_atte
   return o;
 }
 
-// Micro-batches whose activations each stage keeps at once, as the schedule runs them (the
-// simulator counts (micro-batch, chunk) pairs; a stage's chunks are taken as equal): GPipe keeps
-// every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where the
-// multi-token prediction modules sit unrecomputed, keeps one.
-std::vector<int64_t> micro_batches_in_flight(const Schedule& schedule) {
-  std::vector<int64_t> in_flight;
-  for (int chunks : simulate(schedule, SimulationCosts{}).peak_live)
-    in_flight.push_back((chunks + schedule.virtual_stages - 1) / schedule.virtual_stages);
-  return in_flight;
+// What each stage holds at once as the schedule runs: for every state the simulator reaches,
+// the micro-batches awaiting their backward pass (activations kept) and those awaiting only their
+// weight gradients (zero-bubble schedules). The simulator counts (micro-batch, chunk) pairs; a
+// stage's chunks are taken as equal, each a 1/v share of a micro-batch on the stage. GPipe keeps
+// every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where
+// the multi-token prediction modules sit unrecomputed, keeps one.
+struct HeldMicroBatches {
+  double awaiting_backward, awaiting_weights;
+};
+std::vector<std::vector<HeldMicroBatches>> micro_batches_held(const Schedule& schedule) {
+  const double v = schedule.virtual_stages;
+  auto micro_batches = [v](int chunks) { return chunks / v; };
+  std::vector<std::vector<HeldMicroBatches>> held;
+  for (const auto& states : simulate(schedule, SimulationCosts{}).live_states) {
+    held.emplace_back();
+    for (const auto& [backward, weights] : states) held.back().push_back({micro_batches(backward), micro_batches(weights)});
+  }
+  return held;
 }
 
 }  // namespace
@@ -77,10 +86,9 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
   const Schedule schedule = make_schedule(schedule_kind_named(c.parallel.schedule), pp, chunks,
                                           static_cast<int>(c.loop.grad_accum));
   ActivationMemoryOptions options = activation_options(c, fused_attention);
-  const std::vector<int64_t> in_flight = micro_batches_in_flight(schedule);
+  const std::vector<std::vector<HeldMicroBatches>> held = micro_batches_held(schedule);
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
-    options.micro_batches_in_flight = in_flight[static_cast<size_t>(stage)];
     std::vector<LayerSlice> mine;
     for (int chunk = 0; chunk < chunks; ++chunk)
       mine.push_back(slices[static_cast<size_t>(schedule.virtual_stage(stage, chunk))]);
@@ -94,7 +102,11 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
       const bool configured = mode == c.loop.recompute;
       options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
       double& peak = plan.activations_by_recompute[mode];
-      peak = std::max(peak, step_activation_bytes(c.model, mine, options));
+      for (const HeldMicroBatches& h : held[static_cast<size_t>(stage)]) {
+        options.micro_batches_in_flight = h.awaiting_backward;
+        options.micro_batches_awaiting_weights = h.awaiting_weights;
+        peak = std::max(peak, step_activation_bytes(c.model, mine, options));
+      }
     }
   }
   plan.activations = plan.activations_by_recompute.at(c.loop.recompute);

@@ -59,7 +59,7 @@ void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, co
   if (evaluated) summary["final_eval_loss"] = result.final_eval_loss;
   if (result.mfu > 0) summary["mfu"] = result.mfu;
   if (result.peak_memory_bytes > 0) summary["peak_memory_bytes"] = result.peak_memory_bytes;
-  summary["peak_activation_bytes"] = result.peak_activation_bytes;  // rank 0's
+  summary["peak_activation_bytes"] = result.peak_activation_bytes;  // the largest rank's
   summary["recompute"] = c.loop.recompute;
   const std::string path = c.run.dir + "/summary.json";
   write_text_file(path, summary.dump(2) + "\n");

@@ -297,7 +297,10 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.tokens_per_s = report_->tokens_per_s();
   result.mfu = plan.peak_flops > 0 ? plan.flops_per_token * result.tokens_per_s / plan.peak_flops : 0.0;
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
-  result.peak_activation_bytes = step_memory_.peak_bytes();
+  // The largest rank's, as `model info` plans for the stage that holds the most.
+  torch::Tensor peak = torch::full({1}, static_cast<double>(step_memory_.peak_bytes()), torch::kFloat64);
+  parallel_.world->all_reduce(peak, ReduceOp::kMax);
+  result.peak_activation_bytes = static_cast<int64_t>(peak.item<double>());
   result.param_digest = state_->finish_model(config_.loop.steps);
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);
   return result;

@@ -103,3 +103,45 @@ TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
     EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected) << schedule;
   }
 }
+
+// What a split backward pass leaves for W, per token, by hand for tiny-v3.ini (hidden 32, 4 heads,
+// q_lora 24, kv_lora 16, qk 8 + 4 rope, v 8; FFN 64; experts 16 wide, 2 per token, 1 shared):
+// MLA: the normalised input 32 (q_a's and kv_a's), q_a's gradient and q_b's input 2 × 24, q_b's
+// gradient 4 × 12, kv_a's gradient 16 + 4, kv_b's input 16 and gradient 4 × 16, o_proj's input
+// 4 × 8 and gradient 32: 292. A SwiGLU of width I: its input 32, down's input I, three gradients
+// I, I, 32: 64 + 3 I.
+TEST(MemoryPlan, WeightStoreHoldsEachProjectionsInputAndGradient) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  EXPECT_DOUBLE_EQ(weight_store_elements(c.model, 0), 292 + (64 + 3 * 64));                   // dense
+  EXPECT_DOUBLE_EQ(weight_store_elements(c.model, 1), 292 + 2 * (64 + 3 * 16) + (64 + 3 * 16));  // MoE
+  // The MTP module's layer (MoE), and its eh_proj: input [hidden; embedding] 64, gradient 32.
+  EXPECT_DOUBLE_EQ(weight_store_elements(c.model, 3), 292 + 3 * (64 + 3 * 16) + 96);
+}
+
+// zb-h1 on 2 stages, 4 micro-batches (dstrain pipeline simulate draws it): stage 0 runs
+// F0 F1 B0 W0 F2 B1 W1 ..., holding at most 2 micro-batches before B, or 1 before B and 1 before
+// W; stage 1 runs F0 B0 F1 B1 W0 F2 B2 W1 ..., holding 1 and 1, or 2 before W. Under full
+// recomputation a micro-batch waiting for W holds more than one waiting for B (the projections'
+// inputs and gradients against each layer's input), so zb-h1 plans more than 1F1B.
+TEST(MemoryPlan, SplitSchedulesCountWhatMicroBatchesAwaitingWHold) {
+  auto stage_peak = [](const TrainConfig& c, int stage, double before_b, double before_w) {
+    ActivationMemoryOptions o;
+    o.micro_batch = c.loop.micro_batch;
+    o.seq_len = c.loop.seq_len;
+    o.element_bytes = 2;
+    o.recompute = {Recompute::kFull, 0};
+    o.micro_batches_in_flight = before_b;
+    o.micro_batches_awaiting_weights = before_w;
+    const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
+    return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
+  };
+  const std::vector<std::string> layout = {"--parallel.pp", "2", "--train.grad_accum", "4", "--train.recompute", "full"};
+  std::vector<std::string> zb_h1 = layout, one_f_one_b = layout;
+  zb_h1.insert(zb_h1.end(), {"--parallel.schedule", "zb-h1"});
+  one_f_one_b.insert(one_f_one_b.end(), {"--parallel.schedule", "1f1b"});
+  const TrainConfig c = tiny_v3(2, 1, 0, zb_h1);
+  const double expected = std::max({stage_peak(c, 0, 2, 0), stage_peak(c, 0, 1, 1), stage_peak(c, 1, 1, 1),
+                                    stage_peak(c, 1, 0, 2)});
+  EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected);
+  EXPECT_GT(plan_memory(c, false).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), false).activations);
+}

@@ -20,7 +20,12 @@ struct ActivationMemoryOptions {
   int64_t element_bytes = 4;  // of the activations: 4 (fp32) or 2 (bf16, fp16)
   RecomputePlan recompute;
   bool fused_attention = false;  // scaled-dot-product attention keeps no score matrix
-  int64_t micro_batches_in_flight = 1;  // a pipeline stage's forward passes ahead of their backward
+  // A pipeline stage's forward passes ahead of their backward; a fraction where a stage holds
+  // some of its chunks' share of a micro-batch (the chunks taken as equal).
+  double micro_batches_in_flight = 1;
+  // Split backward passes (zero-bubble schedules): micro-batches past their B whose W is still to
+  // come, holding what their weight gradients need (weight_store_elements).
+  double micro_batches_awaiting_weights = 0;
   // Expert parallelism: MoE layers send their routed tokens to the experts' ranks and get the
   // outputs back, which adds a received copy each way (see mlp_elements).
   bool tokens_exchanged = false;
@@ -30,6 +35,12 @@ struct ActivationMemoryOptions {
 // token when nothing is recomputed, or with options.recompute selective what that leaves (full
 // recomputation is step_activation_bytes's to count).
 double layer_activation_elements(const ModelConfig& model, int64_t layer, const ActivationMemoryOptions& options);
+
+// Elements per token that a decoder layer (or a multi-token prediction module's: `layer` ≥
+// num_layers) keeps between a split backward pass's B and its W: each projection's input (one
+// tensor where two share it) and its output's gradient (core/weight_gradient_store.h), whatever
+// is recomputed.
+double weight_store_elements(const ModelConfig& model, int64_t layer);
 
 // The peak bytes above the step's start on a stage holding `chunks` (its model chunks' slices).
 double step_activation_bytes(const ModelConfig& model, const std::vector<LayerSlice>& chunks,

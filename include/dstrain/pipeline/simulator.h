@@ -34,6 +34,10 @@ struct SimulationResult {
   std::vector<double> busy, idle;    // per stage; idle = makespan - busy
   double bubble_fraction = 0;        // total idle / (stages × makespan)
   std::vector<int> peak_live;        // per stage: most micro-batch chunks with activations kept (until W)
+  // Per stage: each (chunks awaiting their B, chunks awaiting only their W) reached, once. The
+  // first keep their activations; the second (split schedules) only what their weight gradients
+  // need, which recomputation does not shrink.
+  std::vector<std::vector<std::pair<int, int>>> live_states;
   // Per stage: [start, end) of each compute action, in the stage's order.
   struct Span {
     double start, end;
