@@ -4,6 +4,7 @@
 
 #include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
+#include "dstrain/core/log.h"
 #include "dstrain/pipeline/partition.h"
 
 namespace dstrain {
@@ -23,6 +24,26 @@ std::string RankStage::layers_per_virtual_stage() const {
   for (const LayerSlice& slice : slices) text += (text.empty() ? "" : ",") + std::to_string(slice.last - slice.first);
   return text;
 }
+
+namespace {
+
+// parallel.dualpipe_overlap asked for: whether DualPipeV's pairs can run side by side here, and
+// if not, why (a warning: the pairs then run one after the other).
+bool pairs_side_by_side(const TrainConfig& c, const LaneGroups& expert_groups, const torch::Device& device) {
+  std::string why_not;
+  if (c.parallel.schedule != "dualpipev")
+    why_not = "the schedule is " + c.parallel.schedule + ", not dualpipev";
+  else if (c.parallel.ep == 1)
+    why_not = "without expert parallelism (parallel.ep = 1) there is no exchange to hide";
+  else if (device.is_cuda())  // both lanes would queue on one stream
+    why_not = "on GPUs the pairs run one after the other";
+  else if (!expert_groups.has_side())
+    why_not = "it needs the MPI backend with MPI_THREAD_MULTIPLE";
+  if (!why_not.empty()) log::warning("parallel.dualpipe_overlap is ignored: ", why_not);
+  return why_not.empty();
+}
+
+}  // namespace
 
 RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, const torch::Device& device,
                            Initialization initialization) {
@@ -60,10 +81,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   rank.executor = std::make_unique<PipelineExecutor>(
       std::move(training), std::move(evaluation), stage, *rank.model,
       *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
-  // Side by side only where there is an exchange to hide and a communicator for the side lane;
-  // on a GPU both lanes would queue on one stream.
-  rank.executor->set_pairs_side_by_side(schedule == ScheduleKind::kDualPipeV && c.parallel.dualpipe_overlap &&
-                                        expert_groups.has_side() && !device.is_cuda());
+  if (c.parallel.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
   return rank;
 }
 
