@@ -64,6 +64,11 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
     return it->second;
   };
 
+  auto tokens_for = [&](const Action& f) {  // what a forward on the first or last virtual stage needs
+    const int vs = schedule.virtual_stage(stage_, f.chunk);
+    return vs == 0 || vs == schedule.last_virtual_stage() ? tokens(f.microbatch) : torch::Tensor();
+  };
+
   const std::vector<Action>& actions = schedule.stages[stage_];
   std::vector<Action> transfers;  // consecutive transfer actions go as one group
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -76,25 +81,18 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
       }
       continue;
     }
-    auto tokens_for = [&](const Action& f) {
-      const int vs = schedule.virtual_stage(stage_, f.chunk);
-      return vs == 0 || vs == schedule.last_virtual_stage() ? tokens(f.microbatch) : torch::Tensor();
-    };
     if (a.paired && pairs_side_by_side_ && training) {
       const std::vector<Action> backward_actions = paired_backward(actions, i);
       run_pair(schedule, a, tokens_for(a), backward_actions, loss_divisor, loss_scale, sums, timed);
       i += backward_actions.size();
       continue;
     }
-    const accel::Timestamp start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
-    if (a.kind == ActionKind::kForward) {
-      forward(schedule, a, tokens_for(a), training, loss_divisor, loss_scale, sums);
-    } else if (a.kind == ActionKind::kBackward) {
-      backward(schedule, a);
-    } else {
-      weight_gradients_.compute({a.microbatch, a.chunk});
-    }
-    if (timed) computes_.push_back({a.kind, a.chunk, start, accel::Timestamp::now(device)});
+    timed_compute(a, timed, [&] {
+      if (a.kind == ActionKind::kForward)
+        forward(schedule, a, tokens_for(a), training, loss_divisor, loss_scale, sums);
+      else
+        backward_or_weights(schedule, a);
+    });
   }
   const accel::Timestamp sends_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
   for (auto& send : sends_) send->wait();
@@ -185,14 +183,7 @@ void PipelineExecutor::run_pair(const Schedule& schedule, const Action& f, const
     end = accel::Timestamp::now(device);
   });
   const LaneTimeline main = timed_lane([&] {
-    for (const Action& b : backward_actions) {
-      const accel::Timestamp began = timed ? accel::Timestamp::now(device) : accel::Timestamp();
-      if (b.kind == ActionKind::kBackward)
-        backward(schedule, b);
-      else
-        weight_gradients_.compute({b.microbatch, b.chunk});
-      if (timed) computes_.push_back({b.kind, b.chunk, began, accel::Timestamp::now(device)});
-    }
+    for (const Action& b : backward_actions) timed_compute(b, timed, [&] { backward_or_weights(schedule, b); });
   });
   const LaneTimeline& forward_lane = side.join();
   // (The forward's span overlaps the backward's: the simulator's prediction, which takes them one
@@ -200,6 +191,19 @@ void PipelineExecutor::run_pair(const Schedule& schedule, const Action& f, const
   if (timed) computes_.push_back({ActionKind::kForward, f.chunk, start, end});
   hidden_exchange_seconds_ += hidden_wait_seconds(forward_lane, main);
   keep_forward(schedule, f, result, /*training=*/true, loss_divisor, loss_scale, sums);
+}
+
+void PipelineExecutor::timed_compute(const Action& a, bool timed, const std::function<void()>& work) {
+  const accel::Timestamp start = timed ? accel::Timestamp::now(shape_.device) : accel::Timestamp();
+  work();
+  if (timed) computes_.push_back({a.kind, a.chunk, start, accel::Timestamp::now(shape_.device)});
+}
+
+void PipelineExecutor::backward_or_weights(const Schedule& schedule, const Action& a) {
+  if (a.kind == ActionKind::kBackward)
+    backward(schedule, a);
+  else
+    weight_gradients_.compute({a.microbatch, a.chunk});
 }
 
 void PipelineExecutor::backward(const Schedule& schedule, const Action& a) {

@@ -7,9 +7,8 @@
 namespace dstrain {
 namespace {
 
-// The parts of `span` outside `waits`, in order.
-std::vector<Interval> outside(const Interval& span, std::vector<Interval> waits) {
-  std::sort(waits.begin(), waits.end(), [](const Interval& x, const Interval& y) { return x.start < y.start; });
+// The parts of `span` outside `waits` (in order), in order.
+std::vector<Interval> outside(const Interval& span, const std::vector<Interval>& waits) {
   std::vector<Interval> parts;
   double at = span.start;
   for (const Interval& w : waits) {
@@ -39,7 +38,8 @@ std::vector<Interval> in_order(std::vector<Interval> intervals) {
 }  // namespace
 
 double hidden_wait_seconds(const LaneTimeline& a, const LaneTimeline& b) {
-  return overlap(in_order(a.waits), outside(b.span, b.waits)) + overlap(in_order(b.waits), outside(a.span, a.waits));
+  const std::vector<Interval> a_waits = in_order(a.waits), b_waits = in_order(b.waits);
+  return overlap(a_waits, outside(b.span, b_waits)) + overlap(b_waits, outside(a.span, a_waits));
 }
 
 LaneTimeline timed_lane(const std::function<void()>& work) {

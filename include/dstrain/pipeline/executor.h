@@ -95,6 +95,11 @@ class PipelineExecutor {
                 const std::vector<Action>& backward_actions, double loss_divisor, const torch::Tensor& loss_scale,
                 std::vector<torch::Tensor>& sums, bool timed);
   void backward(const Schedule& schedule, const Action& a);
+  // A B action (backward()) or a W action (the weight gradients the store kept for it).
+  void backward_or_weights(const Schedule& schedule, const Action& a);
+  // Runs `work`, compute action `a`, keeping its span for the bubble's prediction when `timed`.
+  // From the main lane only: the spans are the executor's state.
+  void timed_compute(const Action& a, bool timed, const std::function<void()>& work);
   // Sends and receives of one group of consecutive transfer actions, all at once.
   void exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training, bool timed);
 
