@@ -71,8 +71,12 @@ TEST(Recompute, MoECountsExpertLoadsOncePerForwardPass) {
   torch::manual_seed(5);
   MoE plain(c), rerun(c);
   {
+    // (The module leaves its weights to the model's initialisation: uninitialised memory, NaN at times.)
     torch::NoGradGuard no_grad;
-    for (auto& item : plain->named_parameters()) rerun->named_parameters()[item.key()].copy_(item.value());
+    for (auto& item : plain->named_parameters()) {
+      if (item.value().requires_grad()) item.value().normal_(0.0, 0.5);
+      rerun->named_parameters()[item.key()].copy_(item.value());
+    }
   }
   const torch::Tensor x = torch::randn({2, 5, 8});
   torch::Tensor a = x.clone().requires_grad_(true), b = x.clone().requires_grad_(true);
