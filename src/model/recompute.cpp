@@ -108,13 +108,23 @@ struct DroppedOutputs : torch::CustomClassHolder {
     Rerun marked;
     rerun = part(leaves);
   }
+  // Refills the outputs the consumer saved. From then on the consumer's saved tensors alone hold
+  // them, so that they are given back with the consumer's backward pass (or, for a projection's
+  // input, with its deferred weight gradient), not when the whole graph goes.
   void restore() {
     rerun_part();
     for (size_t i = 0; i < outputs.size(); ++i)
-      if (released[i] > 0) {
-        refill_storage(outputs[i], released[i], rerun[i].detach());
-        released[i] = 0;
-      }
+      if (released[i] > 0) refill_storage(outputs[i], released[i], rerun[i].detach());
+    outputs.clear();
+    released.clear();
+  }
+  // After the part's own backward pass nothing here is needed any more, though the autograd nodes
+  // that hold it live until the whole backward pass has run.
+  void release() {
+    inputs.clear();
+    outputs.clear();
+    leaves.clear();
+    rerun.clear();
   }
 };
 
@@ -146,8 +156,7 @@ class DropOutputsFunction : public torch::autograd::Function<DropOutputsFunction
     torch::autograd::variable_list input_grads;
     for (const torch::Tensor& leaf : dropped->leaves) input_grads.push_back(leaf.requires_grad() ? leaf.grad() : torch::Tensor());
     input_grads.emplace_back();  // (nothing for `dropped`)
-    dropped->leaves.clear();
-    dropped->rerun.clear();
+    dropped->release();
     return input_grads;
   }
 };

@@ -128,3 +128,32 @@ TEST(Recompute, DroppedOutputsComeBackBeforeTheirConsumersBackwardPass) {
   EXPECT_EQ(kept_by_consumer.storage().nbytes(), static_cast<size_t>(4 * 5 * 6 * 4));  // refilled
   EXPECT_TRUE(torch::equal(kept_by_consumer, part(source)));
 }
+
+// The refilled outputs and the kept inputs are given back as soon as their consumer's and their
+// part's backward passes have run, not when the graph goes: the graph goes when the whole backward
+// pass has run, so that by then every dropped output of the model would be back in memory at once.
+TEST(Recompute, DroppedOutputsAreGivenBackWithTheirBackwardPassNotWithTheGraph) {
+  torch::manual_seed(6);
+  Part part;
+  torch::nn::Linear consumer_weights(torch::nn::LinearOptions(6, 6).bias(false));
+  torch::Tensor x = torch::randn({4, 5, 6}).requires_grad_(true);
+  std::vector<torch::Tensor> refilled, inputs;  // (the test's own references: one use each)
+  torch::Tensor h = x;
+  for (int block = 0; block < 3; ++block) {
+    inputs.push_back(h.detach());
+    h = recompute_outputs([&](const Tensors& in) { return Tensors{part(in[0])}; }, {h},
+                          [&](const Tensors& dropped) {
+                            refilled.push_back(dropped[0].detach());
+                            return Tensors{consumer_weights(dropped[0])};
+                          })[0];
+  }
+  const c10::StorageImpl* first_input = inputs[1].storage().unsafeGetStorageImpl();
+  const long input_uses = inputs[1].storage().use_count();
+  h.sum().backward();  // h, and with it the whole graph, lives on
+  for (const torch::Tensor& output : refilled) {
+    EXPECT_EQ(output.storage().nbytes(), static_cast<size_t>(4 * 5 * 6 * 4)) << "not refilled";
+    EXPECT_EQ(output.storage().use_count(), 1) << "a refilled output outlived its consumer's backward pass";
+  }
+  ASSERT_EQ(inputs[1].storage().unsafeGetStorageImpl(), first_input);
+  EXPECT_LT(inputs[1].storage().use_count(), input_uses) << "a part's input outlived its backward pass";
+}
