@@ -48,14 +48,21 @@ double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const A
          swiglu * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
 }
 
-// The head while its gradients are made: the logits' gradient per token and the head weight's
-// gradient; in the forward pass the logits' gradient and the fp32 log-probabilities of a chunk.
-double head_bytes(const ModelConfig& c, const ActivationMemoryOptions& o) {
+// What the head and the embedding make besides what the layers keep, at the moments of
+// ActivationMemoryOptions: in the head's forward pass the logits' gradient and the fp32
+// log-probabilities of a chunk; as its backward pass starts the logits' gradient and the head
+// weight's gradient; as the embedding's backward pass ends (the last of a stage's) the embedding
+// weight's gradient, made whole before it is added to the parameter's.
+double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len), vocab = static_cast<double>(c.vocab_size);
-  const double logits = tokens * vocab * o.element_bytes;
-  const double forward = logits + std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4;
-  const double backward = logits + vocab * c.hidden_size * o.element_bytes;
-  return std::max(forward, backward);
+  const double weight_gradient = vocab * static_cast<double>(c.hidden_size) * static_cast<double>(o.element_bytes);
+  const double logits = tokens * vocab * static_cast<double>(o.element_bytes);
+  double bytes = 0;
+  if (slice.has_head && o.forward_ended)
+    bytes = std::max(bytes, logits + std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4);
+  if (slice.has_head && o.backward_starting) bytes = std::max(bytes, logits + weight_gradient);
+  if (slice.has_embedding && o.backward_ended) bytes = std::max(bytes, weight_gradient);
+  return bytes;
 }
 
 }  // namespace
@@ -102,7 +109,7 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
                              const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len) * static_cast<double>(o.element_bytes);
   const double h = static_cast<double>(c.hidden_size);
-  double kept = 0, rerun = 0, head = 0, awaiting_weights = 0;
+  double kept = 0, rerun = 0, made = 0, awaiting_weights = 0;
   for (const LayerSlice& slice : chunks) {
     for (int64_t layer = slice.first; layer < slice.last; ++layer) {
       awaiting_weights += weight_store_elements(c, layer) * tokens;
@@ -113,8 +120,8 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
       kept += recomputed ? h * tokens : full;
       if (recomputed) rerun = std::max(rerun, full);
     }
+    made = std::max(made, head_and_embedding_bytes(c, slice, o));
     if (!slice.has_head) continue;
-    head = head_bytes(c, o);
     // Multi-token prediction (never recomputed): each module's layer, its projection's input
     // ([normalised hidden; embedding]) and its logits' gradient.
     const double mtp_per_token = 2.0 * h + static_cast<double>(c.vocab_size);
@@ -127,8 +134,9 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
   // layer's widest matrix products (an MLP's gate and up).
   const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size));
   const double working = (2.0 * h + 2.0 * widest) * tokens;
+  const bool rerunning = o.backward_starting || (o.backward_ended && o.micro_batches_awaiting_weights > 0);
   return kept * o.micro_batches_in_flight + awaiting_weights * o.micro_batches_awaiting_weights +
-         std::max(head, rerun) + working;
+         std::max(made, rerunning ? rerun : 0.0) + working;
 }
 
 }  // namespace dstrain

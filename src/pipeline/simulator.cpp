@@ -57,6 +57,13 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
     return i;
   };
 
+  auto next_compute_is_backward = [&](int s) {  // after the compute action at next[s]
+    const std::vector<Action>& actions = schedule.stages[s];
+    for (size_t i = next[s] + 1; i < actions.size(); ++i)
+      if (actions[i].is_compute()) return actions[i].kind == ActionKind::kBackward;
+    return false;
+  };
+
   bool progress = true;
   while (progress) {
     progress = false;
@@ -79,8 +86,8 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
           if (a.kind == ActionKind::kBackward && schedule.splits_backward()) ++awaiting_weights[s];
           if (a.kind == ActionKind::kWeight) --awaiting_weights[s];
           result.peak_live[s] = std::max(result.peak_live[s], awaiting_backward[s] + awaiting_weights[s]);
-          const std::pair<int, int> state{awaiting_backward[s], awaiting_weights[s]};
-          std::vector<std::pair<int, int>>& states = result.live_states[s];
+          const LiveState state{awaiting_backward[s], awaiting_weights[s], a.kind, next_compute_is_backward(s)};
+          std::vector<LiveState>& states = result.live_states[s];
           if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
           ++next[s];
           progress = true;

@@ -43,16 +43,22 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_atte
 // stage's chunks are taken as equal, each a 1/v share of a micro-batch on the stage. GPipe keeps
 // every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where
 // the multi-token prediction modules sit unrecomputed, keeps one.
-struct HeldMicroBatches {
-  double awaiting_backward, awaiting_weights;
-};
-std::vector<std::vector<HeldMicroBatches>> micro_batches_held(const Schedule& schedule) {
+// Each state also says its moment (ActivationMemoryOptions: what is made then besides).
+std::vector<std::vector<ActivationMemoryOptions>> micro_batches_held(const Schedule& schedule,
+                                                                     const ActivationMemoryOptions& options) {
   const double v = schedule.virtual_stages;
-  auto micro_batches = [v](int chunks) { return chunks / v; };
-  std::vector<std::vector<HeldMicroBatches>> held;
-  for (const auto& states : simulate(schedule, SimulationCosts{}).live_states) {
+  std::vector<std::vector<ActivationMemoryOptions>> held;
+  for (const std::vector<LiveState>& states : simulate(schedule, SimulationCosts{}).live_states) {
     held.emplace_back();
-    for (const auto& [backward, weights] : states) held.back().push_back({micro_batches(backward), micro_batches(weights)});
+    for (const LiveState& state : states) {
+      ActivationMemoryOptions o = options;
+      o.micro_batches_in_flight = state.awaiting_backward / v;
+      o.micro_batches_awaiting_weights = state.awaiting_weights / v;
+      o.forward_ended = state.reached_by == ActionKind::kForward;
+      o.backward_starting = state.backward_next;
+      o.backward_ended = state.reached_by == ActionKind::kBackward;
+      held.back().push_back(o);
+    }
   }
   return held;
 }
@@ -85,8 +91,8 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
   const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
   const Schedule schedule = make_schedule(schedule_kind_named(c.parallel.schedule), pp, chunks,
                                           static_cast<int>(c.loop.grad_accum));
-  ActivationMemoryOptions options = activation_options(c, fused_attention);
-  const std::vector<std::vector<HeldMicroBatches>> held = micro_batches_held(schedule);
+  const std::vector<std::vector<ActivationMemoryOptions>> held =
+      micro_batches_held(schedule, activation_options(c, fused_attention));
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<LayerSlice> mine;
@@ -100,11 +106,9 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
     }
     for (const char* mode : {"none", "selective", "full"}) {
       const bool configured = mode == c.loop.recompute;
-      options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
       double& peak = plan.activations_by_recompute[mode];
-      for (const HeldMicroBatches& h : held[static_cast<size_t>(stage)]) {
-        options.micro_batches_in_flight = h.awaiting_backward;
-        options.micro_batches_awaiting_weights = h.awaiting_weights;
+      for (ActivationMemoryOptions options : held[static_cast<size_t>(stage)]) {
+        options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
         peak = std::max(peak, step_activation_bytes(c.model, mine, options));
       }
     }

@@ -37,6 +37,26 @@ constexpr double kExperts = 3 * 8 * (3 * 32 * 16);  // 36,864
 // (2×32), eh_proj 32×64, its MoE layer's 6,504, its norm 32 = 8,648.
 constexpr double kReplicated = 2 * 264 * 32 + 32 + 10856 + 2 * 6504 + 8648;  // 49,440
 
+// A moment of a schedule (ActivationMemoryOptions): what is made then besides what is kept.
+constexpr int kForwardEnded = 1, kBackwardStarting = 2, kBackwardEnded = 4;
+
+// The activations `stage` of 2 holds, bf16, with `before_b` micro-batches awaiting their B and
+// `before_w` awaiting their W, at `moment`.
+double stage_peak(const TrainConfig& c, int stage, double before_b, double before_w, int moment) {
+  ActivationMemoryOptions o;
+  o.micro_batch = c.loop.micro_batch;
+  o.seq_len = c.loop.seq_len;
+  o.element_bytes = 2;
+  o.recompute = {recompute_named(c.loop.recompute), 0};
+  o.micro_batches_in_flight = before_b;
+  o.micro_batches_awaiting_weights = before_w;
+  o.forward_ended = (moment & kForwardEnded) != 0;
+  o.backward_starting = (moment & kBackwardStarting) != 0;
+  o.backward_ended = (moment & kBackwardEnded) != 0;
+  const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
+  return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
+}
+
 }  // namespace
 
 TEST(MemoryPlan, StageParametersSplitRoutedExpertsFromTheRest) {
@@ -85,23 +105,32 @@ TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
 }
 
 // A pipeline keeps as many micro-batches per stage as its schedule does: 1F1B's first of 2 stages
-// 2 (its forward of the second starts before the first's backward), the last 1; GPipe all 4.
+// 2 (its forward of the second starts before the first's backward), the last 1; GPipe all 4. The
+// first stage makes the embedding's gradient as each backward pass ends, the last the head's
+// logits and gradients as each forward pass ends and the backward pass starts.
 TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
-  auto stage_peak = [](const TrainConfig& c, int stage, int64_t in_flight) {
-    ActivationMemoryOptions o;
-    o.micro_batch = c.loop.micro_batch;
-    o.seq_len = c.loop.seq_len;
-    o.element_bytes = 2;
-    o.micro_batches_in_flight = in_flight;
-    const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
-    return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
-  };
   for (const std::string schedule : {"1f1b", "gpipe"}) {
     const TrainConfig c = tiny_v3(2, 1, 0, {"--parallel.pp", "2", "--train.grad_accum", "4", "--parallel.schedule", schedule});
-    const bool gpipe = schedule == "gpipe";
-    const double expected = std::max(stage_peak(c, 0, gpipe ? 4 : 2), stage_peak(c, 1, gpipe ? 4 : 1));
+    const double held = schedule == "gpipe" ? 4 : 2, last_held = schedule == "gpipe" ? 4 : 1;
+    const double expected = std::max({stage_peak(c, 0, held, 0, kForwardEnded | kBackwardStarting),
+                                      stage_peak(c, 0, held - 1, 0, kBackwardEnded | kBackwardStarting),
+                                      stage_peak(c, 1, last_held, 0, kForwardEnded | kBackwardStarting)});
     EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected) << schedule;
   }
+}
+
+// The moments matter: the embedding's gradient is made after a backward pass, when the micro-batch
+// it ran for keeps nothing more, and the head's gradients before one.
+TEST(MemoryPlan, TheEmbeddingsGradientComesAsABackwardPassEnds) {
+  const TrainConfig c = tiny_v3(2, 1, 0, {"--parallel.pp", "2", "--train.grad_accum", "4"});
+  const double embedding_gradient = 264 * 32 * 2;
+  EXPECT_DOUBLE_EQ(stage_peak(c, 0, 1, 0, kBackwardEnded) - stage_peak(c, 0, 1, 0, kForwardEnded), embedding_gradient);
+  EXPECT_DOUBLE_EQ(stage_peak(c, 0, 1, 0, kBackwardStarting), stage_peak(c, 0, 1, 0, kForwardEnded));
+  // The last stage (no embedding) makes its head's logits' gradient and weight gradient as a
+  // backward pass starts, and nothing besides as one ends.
+  const double tokens = c.loop.micro_batch * c.loop.seq_len;
+  EXPECT_DOUBLE_EQ(stage_peak(c, 1, 1, 0, kBackwardStarting) - stage_peak(c, 1, 1, 0, kBackwardEnded),
+                   tokens * 264 * 2 + embedding_gradient);
 }
 
 // What a split backward pass leaves for W, per token, by hand for tiny-v3.ini (hidden 32, 4 heads,
@@ -119,29 +148,21 @@ TEST(MemoryPlan, WeightStoreHoldsEachProjectionsInputAndGradient) {
 }
 
 // zb-h1 on 2 stages, 4 micro-batches (dstrain pipeline simulate draws it): stage 0 runs
-// F0 F1 B0 W0 F2 B1 W1 ..., holding at most 2 micro-batches before B, or 1 before B and 1 before
-// W; stage 1 runs F0 B0 F1 B1 W0 F2 B2 W1 ..., holding 1 and 1, or 2 before W. Under full
-// recomputation a micro-batch waiting for W holds more than one waiting for B (the projections'
-// inputs and gradients against each layer's input), so zb-h1 plans more than 1F1B.
+// F0 F1 B0 W0 F2 B1 W1 ..., holding at most 2 micro-batches before B, or after a B 1 before B and
+// 1 before W; stage 1 runs F0 B0 F1 B1 W0 F2 B2 W1 ..., holding 1 and 1 as a B starts, or 2
+// before W after one. Under full recomputation a micro-batch waiting for W holds more than one
+// waiting for B (the projections' inputs and gradients against each layer's input), so zb-h1
+// plans more than 1F1B.
 TEST(MemoryPlan, SplitSchedulesCountWhatMicroBatchesAwaitingWHold) {
-  auto stage_peak = [](const TrainConfig& c, int stage, double before_b, double before_w) {
-    ActivationMemoryOptions o;
-    o.micro_batch = c.loop.micro_batch;
-    o.seq_len = c.loop.seq_len;
-    o.element_bytes = 2;
-    o.recompute = {Recompute::kFull, 0};
-    o.micro_batches_in_flight = before_b;
-    o.micro_batches_awaiting_weights = before_w;
-    const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, 2, {});
-    return step_activation_bytes(c.model, {slices[static_cast<size_t>(stage)]}, o);
-  };
   const std::vector<std::string> layout = {"--parallel.pp", "2", "--train.grad_accum", "4", "--train.recompute", "full"};
   std::vector<std::string> zb_h1 = layout, one_f_one_b = layout;
   zb_h1.insert(zb_h1.end(), {"--parallel.schedule", "zb-h1"});
   one_f_one_b.insert(one_f_one_b.end(), {"--parallel.schedule", "1f1b"});
   const TrainConfig c = tiny_v3(2, 1, 0, zb_h1);
-  const double expected = std::max({stage_peak(c, 0, 2, 0), stage_peak(c, 0, 1, 1), stage_peak(c, 1, 1, 1),
-                                    stage_peak(c, 1, 0, 2)});
+  const double expected = std::max({stage_peak(c, 0, 2, 0, kForwardEnded | kBackwardStarting),
+                                    stage_peak(c, 0, 1, 1, kBackwardEnded), stage_peak(c, 0, 1, 0, kBackwardStarting),
+                                    stage_peak(c, 1, 1, 1, kForwardEnded | kBackwardStarting),
+                                    stage_peak(c, 1, 0, 2, kBackwardEnded)});
   EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected);
   EXPECT_GT(plan_memory(c, false).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), false).activations);
 }

@@ -1,9 +1,9 @@
 // The activation memory of a training step, estimated from the model's shapes: what each decoder
 // layer keeps for its backward pass per token (the inputs of its matrix products and
 // nonlinearities, and of unfused attention the fp32 softmax probabilities), and the step's peak,
-// which comes either while the LM head's gradients are made (its logits' gradient and the head
-// weight's) or while a recomputed layer reruns. Measured peaks (core/step_memory.h) are the
-// reference: bench/RESULTS.md compares the two.
+// which comes while the LM head's logits or gradients are made (its logits' gradient and the head
+// weight's), while a recomputed layer reruns, or while the embedding's gradient is made. Measured
+// peaks (core/step_memory.h) are the reference: bench/RESULTS.md compares the two.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,12 @@ struct ActivationMemoryOptions {
   // Split backward passes (zero-bubble schedules): micro-batches past their B whose W is still to
   // come, holding what their weight gradients need (weight_store_elements).
   double micro_batches_awaiting_weights = 0;
+  // The moment of the schedule (pipeline/simulator.h's LiveState), which says what is made then
+  // besides what is kept: the LM head's logits as a forward pass ends, its gradients as a backward
+  // pass starts, the embedding's gradient as one ends; a recomputed layer reruns as a backward pass
+  // starts and, where W waits (its store filled meanwhile), as it ends. All three where the moment
+  // is not known: a bound over the step.
+  bool forward_ended = true, backward_starting = true, backward_ended = true;
   // Expert parallelism: MoE layers send their routed tokens to the experts' ranks and get the
   // outputs back, which adds a received copy each way (see mlp_elements).
   bool tokens_exchanged = false;

@@ -27,6 +27,22 @@ struct SimulationCosts {
   ActionCosts of(const Schedule& schedule, int virtual_stage) const;
 };
 
+// A stage's state after one of its compute actions: the micro-batch chunks that keep their
+// activations for their B, those that keep only what their W needs (split schedules), which
+// recomputation does not shrink, and the actions around it, which say what is made at that moment
+// besides (activation_memory.h: the LM head's logits after a forward, its gradients as a B
+// starts, the embedding's gradient as a B ends).
+struct LiveState {
+  int awaiting_backward = 0, awaiting_weights = 0;
+  ActionKind reached_by = ActionKind::kForward;  // the action just run
+  bool backward_next = false;                     // the stage's next compute action is a B
+
+  bool operator==(const LiveState& o) const {
+    return awaiting_backward == o.awaiting_backward && awaiting_weights == o.awaiting_weights &&
+           reached_by == o.reached_by && backward_next == o.backward_next;
+  }
+};
+
 struct SimulationResult {
   bool deadlock = false;
   std::string problem;               // what went wrong (deadlock or mismatched transfers), for people
@@ -34,10 +50,7 @@ struct SimulationResult {
   std::vector<double> busy, idle;    // per stage; idle = makespan - busy
   double bubble_fraction = 0;        // total idle / (stages × makespan)
   std::vector<int> peak_live;        // per stage: most micro-batch chunks with activations kept (until W)
-  // Per stage: each (chunks awaiting their B, chunks awaiting only their W) reached, once. The
-  // first keep their activations; the second (split schedules) only what their weight gradients
-  // need, which recomputation does not shrink.
-  std::vector<std::vector<std::pair<int, int>>> live_states;
+  std::vector<std::vector<LiveState>> live_states;  // per stage: each state reached, once
   // Per stage: [start, end) of each compute action, in the stage's order.
   struct Span {
     double start, end;
