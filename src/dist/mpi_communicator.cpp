@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -122,6 +123,7 @@ class HostView {
     if (copy_in) host_.copy_(tensor);
   }
   void* data() { return host_.data_ptr(); }
+  const torch::Tensor& host() const { return host_; }  // the memory MPI reads or writes
   // Copies the result back to the GPU tensor (nothing to do for a CPU tensor).
   void copy_out() {
     if (!tensor_.device().is_cpu()) tensor_.copy_(host_);
@@ -242,6 +244,36 @@ std::unique_ptr<mpi_progress::Watched> started(const std::function<void(MPI_Requ
   return std::make_unique<mpi_progress::Watched>(request);
 }
 
+// Operations let go of before they completed (an error unwound past their owner): MPI still reads
+// or writes their memory, so it lives on here with their requests until a later look finds them
+// complete; the progress thread, where it runs, keeps moving them meanwhile. Never destroyed: MPI
+// may hold them up to its finalisation. (A collective's request may not be freed; freeing a
+// send's would still leave its memory to keep.)
+struct Unfinished {
+  std::unique_ptr<mpi_progress::Watched> request;
+  std::vector<torch::Tensor> memory;
+};
+
+bool completed(mpi_progress::Watched& request) {
+  try {
+    return request.test();
+  } catch (const std::exception&) {
+    return true;  // failed: MPI is done with its memory
+  }
+}
+
+void keep_until_complete(std::unique_ptr<mpi_progress::Watched> request, std::vector<torch::Tensor> memory) {
+  static std::mutex& mutex = *new std::mutex;
+  static std::vector<Unfinished>& unfinished = *new std::vector<Unfinished>;
+  int finalized = 0;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;  // nothing reads or writes them now
+  std::lock_guard<std::mutex> lock(mutex);
+  unfinished.erase(std::remove_if(unfinished.begin(), unfinished.end(),
+                                  [](Unfinished& u) { return completed(*u.request); }),
+                   unfinished.end());
+  if (request && !completed(*request)) unfinished.push_back({std::move(request), std::move(memory)});
+}
+
 // A nonblocking collective of host-staged tensors (at most 2^31 - 1 elements): `output` in place
 // (all-reduce) or from `input` (reduce-scatter, all-gather). wait() completes it and copies the
 // result back (an average divided, for ReduceOp::kAvg).
@@ -255,6 +287,13 @@ class MpiCollective final : public Work {
     if (input) in_.emplace(*input, /*copy_in=*/true);
     request_ = started([&](MPI_Request* request) { start(in_ ? in_->data() : MPI_IN_PLACE, out_.data(), request); });
   }
+  ~MpiCollective() override {
+    std::vector<torch::Tensor> memory = {out_.host()};
+    if (in_) memory.push_back(in_->host());
+    keep_until_complete(std::move(request_), std::move(memory));
+  }
+  MpiCollective(const MpiCollective&) = delete;
+  MpiCollective& operator=(const MpiCollective&) = delete;
   void wait() override {
     wait_([this] { return request_->test(); });
     out_.copy_out();
@@ -419,6 +458,9 @@ class MpiSend final : public Work {
       MPI_CHECK(MPI_Isend(host_.data(), bytes, MPI_BYTE, peer, tag, comm, request));
     });
   }
+  ~MpiSend() override { keep_until_complete(std::move(request_), {host_.host()}); }
+  MpiSend(const MpiSend&) = delete;
+  MpiSend& operator=(const MpiSend&) = delete;
   void wait() override {
     wait_([this] { return request_->test(); });
   }

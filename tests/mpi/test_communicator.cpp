@@ -204,6 +204,34 @@ TEST(Communicator, ExchangeWithBothNeighboursInOneGroup) {
   EXPECT_TRUE(torch::equal(from_right.cpu(), contribution(right, n) * -1));
 }
 
+// A send whose owner lets go of it, and of its tensor, before the receive is even posted (as an
+// error unwinding past a pipeline stage does) still delivers its data: its memory outlives it
+// until MPI is done with it, though the sender's allocator has handed out as much since and
+// filled it. Large enough that MPI reads the sender's memory only when the receive comes.
+TEST(Communicator, ASendLetGoOfBeforeItsReceiveStillDeliversItsData) {
+  REQUIRE_BACKEND();
+  if (backend().kind == "nccl") GTEST_SKIP() << "nccl: no send_async";
+  const int size = world().size(), rank = world().rank();
+  if (size == 1) return;  // no peer
+  const int64_t n = int64_t{4} << 20;  // 16 MiB
+  torch::Tensor signal = torch::zeros({1});
+  if (rank == 0) {
+    world().send_async(on_device(contribution(0, n)), 1, /*tag=*/7);  // let go of at once
+    std::vector<torch::Tensor> reuse;
+    for (int i = 0; i < 4; ++i) reuse.push_back(on_device(torch::full({n}, -1.0f)));
+    world().send(signal, 1);  // now the receive may come
+    world().recv(signal, 1);  // received
+  } else if (rank == 1) {
+    torch::Tensor received = on_device(torch::zeros({n}));
+    world().recv(signal, 0);
+    std::vector<Transfer> receive = {{false, received, 0, 7}};
+    world().exchange(receive);
+    world().send(signal, 0);
+    EXPECT_TRUE(torch::equal(received.cpu(), contribution(0, n)));
+  }
+  world().barrier();
+}
+
 // Rank r sends (r + p) % 3 rows to rank p (so some pairs move nothing, a rank's own rows
 // included), each row naming its sender, receiver and position; every rank finds exactly the rows
 // addressed to it, in sender order.
