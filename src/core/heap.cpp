@@ -18,4 +18,13 @@ void map_allocations_from(size_t bytes) {
 #endif
 }
 
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  // The heap's top goes back to the system only past 2 GiB free. A failure leaves the default,
+  // which is correct, only slower.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+}
+
 }  // namespace dstrain::heap

@@ -1,6 +1,7 @@
 #include "dstrain/train/job.h"
 
 #include "dstrain/core/blas.h"
+#include "dstrain/core/heap.h"
 #include "dstrain/core/log.h"
 #include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/mpi_check.h"
@@ -31,6 +32,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
     job.placement = place_rank(job.config.loop.device);
     backend = resolve_backend(job.config.comm.backend, job.placement.device);
   });
+  if (job.placement.device.is_cpu()) heap::keep_freed_memory();  // the activations come back every step
   agreed_phase(job.world_rank, [&] {  // collective: communicators (their checks fail on every rank alike)
     const ParallelConfig& p = job.config.parallel;
     job.parallel.emplace(ParallelContext::create(RankGrid(job.world_size, p.dp, p.pp, p.order),
