@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 
@@ -21,13 +22,25 @@ namespace {
 const char* kUsage =
     "usage: dstrain model info --config FILE [--ranks N] [--json] [--section.key value ...]\n\n"
     "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
-    "the configuration's layout on N ranks (default 1; parallel.pp, parallel.ep and optim.zero as\n"
-    "configured: with ep > 1 each rank holds 1/ep of the routed experts).\n";
+    "the configuration's layout on N ranks (default: the fewest it fits, parallel.pp x parallel.dp,\n"
+    "or x parallel.ep where dp is not given; parallel.pp, parallel.ep and optim.zero as configured:\n"
+    "with ep > 1 each rank holds 1/ep of the routed experts).\n";
 
+// GiB for the models this plans for, MiB for the small ones a test or a demo trains.
 std::string gib(double bytes) {
+  const bool small = bytes < 1024.0 * 1024.0 * 1024.0;
   char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  std::snprintf(text, sizeof text, small ? "%.2f MiB" : "%.2f GiB", bytes / (small ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0));
   return text;
+}
+
+// Without --ranks, the fewest ranks the configured layout runs on: pp stages of dp ranks each, or
+// of the ep ranks that one expert-parallel group needs where dp is left to the number of ranks.
+int fewest_ranks(const Options& options) {
+  const int64_t pp = options.get_int("parallel.pp", 1, INT32_MAX), dp = options.get_int("parallel.dp", 0, INT32_MAX),
+                ep = options.get_int("parallel.ep", 1, INT32_MAX), ranks = pp * (dp > 0 ? dp : ep);
+  if (ranks > INT32_MAX) throw config_error("parallel.pp", options.raw("parallel.pp"), "more ranks than MPI can number");
+  return static_cast<int>(ranks);
 }
 
 std::string billions(double n) {
@@ -94,7 +107,7 @@ int model_command(const std::vector<std::string>& args_given) {
     return args_given.empty() || args_given[0] == "info" || args_given[0] == "--help" ? 0 : 2;
   }
   bool json = false;
-  int ranks = 1;
+  int ranks = 0;  // not given
   std::vector<std::string> args;
   for (size_t i = 1; i < args_given.size(); ++i) {
     if (args_given[i] == "--json") {
@@ -113,6 +126,7 @@ int model_command(const std::vector<std::string>& args_given) {
   }
   OptionTable table = train_option_table();
   ParsedCommandLine parsed = parse_command_line(table, args);
+  if (ranks == 0) ranks = fewest_ranks(parsed.options);
   const TrainConfig config = read_model_and_layout(parsed.options, ranks);
   const MemoryPlan plan = plan_memory(config, compat::kHasFusedAttention);
   if (json)

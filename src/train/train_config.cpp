@@ -178,6 +178,12 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   }
   partition_layers(c.model, c.loop.seq_len, c.parallel.pp * c.parallel.virtual_stages, c.parallel.stage_layers);
   c.optim = read_optim_config(o);
+  return c;
+}
+
+TrainConfig read_train_config(Options& o, int world_size) {
+  TrainConfig c = read_model_and_layout(o, world_size);
+  // The learning-rate schedule over the run's steps: what a plan of the model and layout leaves out.
   if (c.optim.decay_steps == 0) {
     c.optim.decay_steps = c.loop.steps;
     o.set("optim.decay_steps", std::to_string(c.optim.decay_steps));
@@ -185,11 +191,6 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   if (c.optim.warmup_steps > c.optim.decay_steps)
     throw config_error("optim.warmup_steps", o.raw("optim.warmup_steps"),
                        "must not exceed optim.decay_steps (" + std::to_string(c.optim.decay_steps) + ")");
-  return c;
-}
-
-TrainConfig read_train_config(Options& o, int world_size) {
-  TrainConfig c = read_model_and_layout(o, world_size);
   c.data.train = o.get_string("data.train");
   if (c.data.train.empty())
     throw config_error("data.train", "", "give the training corpus (make one with `dstrain prep`)");

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <regex>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/parameter_file.h"
@@ -135,6 +137,40 @@ TEST(ModelInfo, ReportsCountsFlopsAndMemoryPerRank) {
   RunOutput bad = run_dstrain(0, {"model", "info", "--config", v3, "--model.n_group", "7"});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("model.n_group = 7: must divide model.n_routed_experts = 256"), std::string::npos) << bad.output;
+}
+
+// Every configuration shipped under input/ is planned as it is: no --ranks (the fewest its layout
+// runs on), no corpus, no train.steps (a preset's warm-up may be longer than the default run).
+// Parameters of a one-stage layout are the precision's bytes for each of them, MTP modules
+// included; the text prints each figure in a unit that keeps it readable (MiB for the small).
+TEST(ModelInfo, PlansEveryShippedConfigurationAsItIs) {
+  int configurations = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(DSTRAIN_SOURCE_DIR) + "/input")) {
+    if (entry.path().extension() != ".ini") continue;
+    ++configurations;
+    const std::string config = entry.path().string();
+    SCOPED_TRACE(config);
+    RunOutput run = run_dstrain(0, {"model", "info", "--config", config, "--json"});
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const nlohmann::json plan = nlohmann::json::parse(run.output);
+    const nlohmann::json& layout = plan["layout"];
+    EXPECT_EQ(layout["ranks"].get<int>(), layout["pp"].get<int>() * layout["dp"].get<int>());
+    EXPECT_EQ(layout["dp"].get<int>(), layout["ep"].get<int>());  // the fewest ranks: one expert-parallel group
+    const double parameter_bytes = plan["memory_per_rank"]["parameters"].get<double>();
+    if (layout["pp"] == 1) {
+      const double element = plan["precision"] == "fp32" ? 4 : 2;
+      EXPECT_DOUBLE_EQ(parameter_bytes,
+                       element * (plan["total_params"].get<double>() + plan["mtp_params"].get<double>()));
+    }
+    RunOutput text = run_dstrain(0, {"model", "info", "--config", config});
+    ASSERT_EQ(text.exit_code, 0) << text.output;
+    std::smatch printed;
+    ASSERT_TRUE(std::regex_search(text.output, printed, std::regex("parameters ([0-9.]+) (MiB|GiB)"))) << text.output;
+    const double unit = printed[2] == "GiB" ? 1024.0 * 1024 * 1024 : 1024.0 * 1024;
+    EXPECT_NEAR(std::stod(printed[1]), parameter_bytes / unit, 0.005) << text.output;
+    EXPECT_GE(std::stod(printed[1]), printed[2] == "GiB" ? 1.0 : 0.01) << text.output;
+  }
+  EXPECT_GE(configurations, 9);
 }
 
 // With parallel.ep the routed experts (256 of 3 × 7168 × 2048 in each of the 58 MoE layers and

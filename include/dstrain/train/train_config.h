@@ -82,8 +82,8 @@ OptionTable train_option_table();
 // optim.decay_steps) are written back into `options` so that config.ini records what ran.
 // Throws Error(kUsage) naming the key, its value and what is allowed.
 TrainConfig read_train_config(Options& options, int world_size);
-// Only the run, model, layout, communication, loop and optimizer sections, which need no file:
-// what `dstrain model info` reads.
+// Only the run, model, layout, communication, loop and optimizer sections, which need no file,
+// and not the learning-rate schedule's fit to train.steps: what `dstrain model info` reads.
 TrainConfig read_model_and_layout(Options& options, int world_size);
 
 }  // namespace dstrain
