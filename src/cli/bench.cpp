@@ -1,8 +1,5 @@
 #include "bench.h"
 
-#include <cmath>
-#include <cstdio>
-
 #include "dstrain/train/train_config.h"
 
 namespace dstrain::bench {
@@ -19,18 +16,6 @@ OptionTable option_table() {
   t.add("bench.ckpt_mb", OptionKind::kInt, "256", "io: megabytes of the checkpoint to write (under ckpt.dir)");
   t.add("bench.json", OptionKind::kString, "", "also write the results as JSON to this file (rank 0)");
   return t;
-}
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 4) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, bytes == std::floor(bytes) ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
-  return text;
 }
 
 }  // namespace dstrain::bench

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dstrain/core/config.h"
+#include "dstrain/core/text.h"  // format_bytes, for the tables
 
 namespace dstrain::bench {
 
@@ -18,8 +19,5 @@ nlohmann::json step(Options options);    // training steps on a random corpus: t
 nlohmann::json comm(const Options& options);    // collectives' bus bandwidth over message sizes
 nlohmann::json memory(const Options& options);  // host and device copy bandwidth
 nlohmann::json io(const Options& options);      // corpus read and checkpoint write bandwidth
-
-// "1.5 GiB", "512 KiB": sizes a person reads at a glance.
-std::string format_bytes(double bytes);
 
 }  // namespace dstrain::bench

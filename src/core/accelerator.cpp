@@ -26,19 +26,24 @@ bool cuda_compiled() {
 
 namespace {
 
-// The process's peak resident memory (Linux's VmHWM); 0 where /proc does not say.
-int64_t host_peak_resident_bytes() {
-  std::ifstream status("/proc/self/status");
+// A "Key: N kB" line of a /proc file, in bytes; 0 where the file does not say.
+int64_t proc_kib_field(const char* file, const std::string& wanted) {
+  std::ifstream status(file);
   std::string key;
   int64_t kib = 0;
   while (status >> key) {
-    if (key == "VmHWM:" && status >> kib) return kib * 1024;
+    if (key == wanted && status >> kib) return kib * 1024;
     status.ignore(1 << 16, '\n');
   }
   return 0;
 }
 
+// The process's peak resident memory (Linux's VmHWM).
+int64_t host_peak_resident_bytes() { return proc_kib_field("/proc/self/status", "VmHWM:"); }
+
 }  // namespace
+
+int64_t host_available_bytes() { return proc_kib_field("/proc/meminfo", "MemAvailable:"); }
 
 int device_count() { return cuda_compiled() && torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "dstrain/core/error.h"
+#include "dstrain/core/text.h"
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/pipeline/partition.h"
@@ -115,6 +117,21 @@ MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
   }
   plan.activations = plan.activations_by_recompute.at(c.loop.recompute);
   return plan;
+}
+
+void require_state_fits(const MemoryPlan& plan, int ranks_sharing, int64_t memory_bytes, const std::string& memory) {
+  const double state = plan.parameters + plan.gradients + plan.optimizer_state;
+  if (memory_bytes <= 0 || state * ranks_sharing <= static_cast<double>(memory_bytes)) return;
+  const std::string shared =
+      ranks_sharing == 1 ? ", and " + memory + " has "
+                         : ", " + format_bytes(state * ranks_sharing) + " for the " + std::to_string(ranks_sharing) +
+                               " ranks that share " + memory + ", which has ";
+  throw Error(ExitCode::kOutOfMemory,
+              "out of memory before the start: a rank's parameters, gradients and optimizer state take " +
+                  format_bytes(state) + " (`dstrain model info` plans them)" + shared +
+                  format_bytes(static_cast<double>(memory_bytes)) +
+                  "; spread the layers over more pipeline stages (parallel.pp), split the routed experts "
+                  "(parallel.ep), shard the optimizer state (optim.zero = 1), or run fewer ranks on each node");
 }
 
 }  // namespace dstrain

@@ -10,6 +10,7 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/step_memory.h"
+#include "dstrain/core/torch_compat.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/data/mixture.h"
@@ -21,6 +22,7 @@
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/guards.h"
 #include "dstrain/train/job.h"
+#include "dstrain/train/memory_plan.h"
 #include "dstrain/train/model_gradients.h"
 #include "dstrain/train/progress.h"
 #include "dstrain/train/run_directory.h"
@@ -306,6 +308,21 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   return result;
 }
 
+// The memory this rank shares with the others of its node: its GPU (placement gives local rank r
+// GPU r % gpus), or the host's.
+void require_state_fits_here(const Job& job) {
+  const MemoryPlan plan = plan_memory(job.config, compat::kHasFusedAttention);
+  const DevicePlacement& place = job.placement;
+  if (!place.device.is_cuda()) {
+    require_state_fits(plan, place.local_size, accel::host_available_bytes(), "this host's available memory");
+    return;
+  }
+  const int gpus = accel::device_count(), index = place.device.index();
+  const int sharing = place.local_size / gpus + (index < place.local_size % gpus ? 1 : 0);
+  require_state_fits(plan, sharing, accel::device_total_memory(index),
+                     "GPU " + std::to_string(index) + " (" + place.name + ")");
+}
+
 }  // namespace
 
 TrainResult run_training(Options options) {
@@ -325,6 +342,7 @@ TrainResult run_training(Options options) {
   std::vector<std::string> made_directories;
   std::unique_ptr<Trainer> trainer;
   try {
+    agreed_phase(job.world_rank, [&] { require_state_fits_here(job); });
     const auto [resume, weights] = choose_start(job, made_directories);
     agreed_phase(job.world_rank, [&] { trainer = std::make_unique<Trainer>(job, config_text, resume, weights); });
     agreed_phase(job.world_rank, [&] { trainer->open_run_directory(); });

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/core/error.h"
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/train/memory_plan.h"
@@ -165,4 +166,37 @@ TEST(MemoryPlan, SplitSchedulesCountWhatMicroBatchesAwaitingWHold) {
                                     stage_peak(c, 1, 0, 2, kBackwardEnded)});
   EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected);
   EXPECT_GT(plan_memory(c, false).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), false).activations);
+}
+
+// The state that ranks sharing one memory hold from start to end is checked against it before
+// anything is allocated: exit code 7, the figures and the memory named; activations, which the
+// plan only estimates, are left to the run.
+TEST(MemoryPlan, StateThatCannotFitStopsTheStartNamingTheMemory) {
+  MemoryPlan plan;
+  plan.parameters = 1 << 20;
+  plan.gradients = 2 << 20;
+  plan.optimizer_state = 5 << 20;
+  plan.activations = 1e12;
+  const int64_t mib = 1 << 20;
+  EXPECT_NO_THROW(require_state_fits(plan, 2, 16 * mib, "this host's available memory"));
+  EXPECT_NO_THROW(require_state_fits(plan, 100, 0, "a memory of unknown size"));
+  try {
+    require_state_fits(plan, 3, 20 * mib, "GPU 0 (H100)");
+    FAIL() << "three ranks of 8 MiB fitted in 20 MiB";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kOutOfMemory);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("take 8 MiB (`dstrain model info` plans them), 24 MiB for the 3 ranks that share GPU 0 "
+                           "(H100), which has 20 MiB; "),
+              std::string::npos)
+        << message;
+  }
+  try {
+    require_state_fits(plan, 1, 7 * mib, "GPU 1 (H100)");
+    FAIL() << "8 MiB fitted in 7 MiB";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("take 8 MiB (`dstrain model info` plans them), and GPU 1 (H100) has 7 MiB; "),
+              std::string::npos)
+        << e.what();
+  }
 }

@@ -18,6 +18,9 @@ std::string device_name(int index);
 // CUDA_VISIBLE_DEVICES numbers it there.
 std::string device_uuid(int index);
 int64_t device_total_memory(int index);
+// What the host's processes can still take without swapping (Linux's MemAvailable); 0 where /proc
+// does not say.
+int64_t host_available_bytes();
 
 // Makes `index` this process's current GPU: kernels, NCCL and the caching allocator use it.
 void set_current_device(int index);

@@ -34,4 +34,12 @@ StageParameters stage_parameters(const ModelConfig& model, const std::vector<Lay
 // `fused_attention`: attention keeps no score matrix (compat::kHasFusedAttention).
 MemoryPlan plan_memory(const TrainConfig& config, bool fused_attention);
 
+// Before anything is allocated: the plan's parameters, gradients and optimizer state (held from
+// the start to the end, and known exactly, unlike activations) for each of `ranks_sharing` ranks
+// against the `memory_bytes` of `memory` they share. Throws Error(kOutOfMemory) naming all three
+// and what needs less: on the CPU Linux grants a larger request and kills the process without a
+// word once it touches what is not there; on a GPU the run would fail only once built. A memory
+// of 0 bytes (unknown) is not checked.
+void require_state_fits(const MemoryPlan& plan, int ranks_sharing, int64_t memory_bytes, const std::string& memory);
+
 }  // namespace dstrain
