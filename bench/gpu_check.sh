@@ -4,7 +4,9 @@
 # goes to RESULTS_DIR/gpu_check.log (JSON figures beside it); the end of the output is a summary.
 #   bench/gpu_check.sh RESULTS_DIR [cmake arguments: where LibTorch, MPI, HDF5, NCCL are]
 # BUILD_DIR keeps the build between runs; GPU_CHECK_ONLY (a regular expression over the stage
-# names below) runs just those stages after the build, to split the whole into shorter runs.
+# names below) runs just those stages after the build, to split the whole into shorter runs;
+# BUILD_TARGETS (names separated by spaces) builds only those, e.g. "dstrain dstrain_mpi_tests
+# dstrain_gpu_tests" for the GPU tests and benchmarks without the CPU suite's programs.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 results=${1:?usage: bench/gpu_check.sh RESULTS_DIR [cmake arguments]}
@@ -31,10 +33,10 @@ cd "$root"
 } >>"$log" 2>&1
 # Should dstrain's own CUDA kernels not build here, the rest is still worth measuring without them.
 { stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
-    stage build cmake --build "$build" -j "$(nproc)"; } ||
+    stage build cmake --build "$build" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS}; } ||
   { stage "configure, no kernels" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
       -DDSTRAIN_CUDA_KERNELS=OFF &&
-      stage "build, no kernels" cmake --build "$build" -j "$(nproc)"; } ||
+      stage "build, no kernels" cmake --build "$build" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS}; } ||
   { tail -60 "$log"; printf '%s\n' "${summary[@]}"; exit 1; }
 grep -E "CUDA: |NCCL backend" "$log" | tail -1
 stage "ctest gpu" ctest --test-dir "$build" -L gpu --output-on-failure -j 2
@@ -54,8 +56,15 @@ stage "pytorch eager 8 x 8" python3 bench/pytorch_reference.py --config input/de
   --micro-batch 8 --grad-accum 8 --json "$results/eager_mb8_ga8.json"
 stage "bench step micro_batch 16" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
   --train.micro_batch 16 --train.grad_accum 1 --bench.json "$results/step_mb16.json"
+# Activation memory per train.recompute mode against `model info`'s estimate, and step times.
+stage "recompute modes (1B)" env DSTRAIN="$build/dstrain" bash -c 'set -o pipefail; bench/recompute.sh gpu | tee "$0"' \
+  "$results/recompute_gpu.txt"
+# The pipeline schedules' bubbles on CPU ranks, one core each, which a 2-core machine cannot give 4 stages.
+stage "pipeline schedules (CPU ranks)" env DSTRAIN="$build/dstrain" bash -c 'set -o pipefail; bench/pipeline_schedules.sh | tee "$0"' \
+  "$results/pipeline_schedules_cpu.txt"
 stage "bench comm" "$build/dstrain" bench comm --bench.json "$results/comm.json" --bench.iters 10
 stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory.json"
 stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Skipped|^dstrain |^pytorch |tok/s" "$log" | tail -40
+cat "$results"/recompute_gpu.txt "$results"/pipeline_schedules_cpu.txt 2>/dev/null
 printf '%s\n' "${summary[@]}"
