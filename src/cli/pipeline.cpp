@@ -55,7 +55,7 @@ void print_published_bubble(ScheduleKind kind, int pp, int m, const SimulationCo
 }  // namespace
 
 int pipeline_command(const std::vector<std::string>& args) {
-  int pp = 0, microbatches = 0, virtual_stages = 1;
+  int pp = 0, microbatches = 0, virtual_stages = 0;
   std::string schedule_name_given = "1f1b";
   SimulationCosts costs;
   po::options_description description("dstrain pipeline simulate options");
@@ -64,8 +64,9 @@ int pipeline_command(const std::vector<std::string>& args) {
       "microbatches", po::value<int>(&microbatches)->required(), "micro-batches per step (train.grad_accum)")(
       "schedule", po::value<std::string>(&schedule_name_given)->default_value("1f1b"),
       "gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev")(
-      "virtual-stages", po::value<int>(&virtual_stages)->default_value(1),
-      "model chunks per stage (interleaved; 2 for zbv and dualpipev)")(
+      "virtual-stages", po::value<int>(&virtual_stages)->default_value(0),
+      "model chunks per stage (interleaved: 2 or more; 2 for zbv and dualpipev; 0: 2 for those three, 1 for the "
+      "others)")(
       "forward-cost", po::value<double>(&costs.forward)->default_value(1.0), "time of one micro-batch's forward through a stage")(
       "backward-cost", po::value<double>(&costs.backward)->default_value(2.0), "... and its whole backward")(
       "weight-cost", po::value<double>(&costs.weight)->default_value(1.0),
@@ -86,6 +87,7 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)
     throw config_error("--forward-cost/--backward-cost/--transfer-cost", "", "expected positive costs");
   const ScheduleKind kind = schedule_kind_named(schedule_name_given);
+  if (virtual_stages == 0) virtual_stages = default_virtual_stages(kind);
   check_schedule(kind, pp, virtual_stages, microbatches);
 
   const Schedule schedule = make_schedule(kind, pp, virtual_stages, microbatches);

@@ -21,8 +21,9 @@ void add_parallel_options(OptionTable& t) {
         "dualpipev with expert parallelism: each pair's forward runs on a second thread beside the paired "
         "backward, so that one micro-batch's expert all-to-all waits while the other computes (CPU with the MPI "
         "backend; it pays where ranks have cores to spare; on GPUs the pairs run one after the other)");
-  t.add("parallel.virtual_stages", OptionKind::kInt, "1",
-        "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2)");
+  t.add("parallel.virtual_stages", OptionKind::kInt, "0",
+        "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2; 0: what the schedule "
+        "needs, 2 for interleaved, zbv and dualpipev, 1 for the others)");
   t.add("parallel.stage_layers", OptionKind::kString, "",
         "layers of each virtual stage, e.g. 9,8,8,7 (empty: balanced by FLOPs, the LM head counted)");
 }
@@ -53,7 +54,7 @@ ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
   c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"});
-  c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 1, 1024));
+  c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 0, 1024));  // 0: train's config sets it
   c.dualpipe_overlap = o.get_bool("parallel.dualpipe_overlap");
   const std::string layers = o.get_string("parallel.stage_layers");
   if (!layers.empty() && !parse_integer_list(layers, &c.stage_layers))

@@ -181,6 +181,8 @@ std::vector<Segment> compute_segments(ScheduleKind kind, int pp, int v, int m, i
 
 bool v_shaped(ScheduleKind kind) { return kind == ScheduleKind::kZbV || kind == ScheduleKind::kDualPipeV; }
 
+int default_virtual_stages(ScheduleKind kind) { return v_shaped(kind) || kind == ScheduleKind::kInterleaved ? 2 : 1; }
+
 bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV || kind == ScheduleKind::kDualPipeV;
 }

@@ -163,6 +163,10 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   check_expert_parallelism(c.parallel, c.model.n_routed_experts);
   c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
+  if (c.parallel.virtual_stages == 0) {
+    c.parallel.virtual_stages = default_virtual_stages(schedule_kind_named(c.parallel.schedule));
+    o.set("parallel.virtual_stages", std::to_string(c.parallel.virtual_stages));
+  }
   // The schedule and the split of the layers, checked now (the trainer makes them again).
   check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
                  static_cast<int>(c.loop.grad_accum));

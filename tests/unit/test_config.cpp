@@ -44,6 +44,23 @@ TEST_F(ConfigTest, FileOverridesDefaultsAndCommandLineOverridesFile) {
   EXPECT_TRUE(read({"--model.rope_interleave", "true"}).model.rope_interleave);
 }
 
+// Without parallel.virtual_stages a schedule gets the chunks it needs (a V's two, the fewest that
+// interleave, one otherwise), recorded in the effective configuration; a number given is kept,
+// and checked.
+TEST_F(ConfigTest, ChunksPerStageFollowTheScheduleUnlessGiven) {
+  for (const auto& [schedule, chunks] : std::vector<std::pair<std::string, int>>{
+           {"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zbv", 2}, {"dualpipev", 2}}) {
+    Options options = parse({"--parallel.pp", "2", "--parallel.schedule", schedule, "--train.grad_accum", "4",
+                             "--model.num_layers", "8"});
+    EXPECT_EQ(read_train_config(options, 2).parallel.virtual_stages, chunks) << schedule;
+    EXPECT_NE(options.to_ini().find("virtual_stages = " + std::to_string(chunks) + "\n"), std::string::npos) << schedule;
+  }
+  EXPECT_EQ(read({"--parallel.pp", "2", "--parallel.schedule", "interleaved", "--parallel.virtual_stages", "4",
+                  "--train.grad_accum", "4", "--model.num_layers", "8"}, 2).parallel.virtual_stages, 4);
+  expect_error([&] { read({"--parallel.pp", "2", "--parallel.schedule", "zbv", "--parallel.virtual_stages", "1"}, 2); },
+               ExitCode::kUsage, {"parallel.virtual_stages = 1", "two chunks per stage in a V"});
+}
+
 TEST_F(ConfigTest, DerivedValuesAreResolvedAndRecorded) {
   Options options = parse({"--train.global_batch", "12", "--train.micro_batch", "3"});
   TrainConfig c = read_train_config(options, 2);

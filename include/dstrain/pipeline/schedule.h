@@ -46,6 +46,9 @@ enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZbH1, kZbV, kDualPip
 // Whether the schedule places two chunks per stage in a V, and whether it splits backward passes.
 bool v_shaped(ScheduleKind kind);
 bool splits_backward(ScheduleKind kind);
+// The chunks per stage a schedule runs when none are asked for: two in a V, two interleaved (the
+// fewest that interleave), one otherwise.
+int default_virtual_stages(ScheduleKind kind);
 
 struct Schedule {
   ScheduleKind kind;
