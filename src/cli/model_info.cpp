@@ -27,10 +27,10 @@ const char* kUsage =
     "with ep > 1 each rank holds 1/ep of the routed experts).\n";
 
 // GiB for the models this plans for, MiB for the small ones a test or a demo trains.
-std::string gib(double bytes) {
-  const bool small = bytes < 1024.0 * 1024.0 * 1024.0;
+std::string size_text(double bytes) {
+  const double mib = 1024.0 * 1024.0, gib = 1024.0 * mib;
   char text[32];
-  std::snprintf(text, sizeof text, small ? "%.2f MiB" : "%.2f GiB", bytes / (small ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0));
+  std::snprintf(text, sizeof text, bytes < gib ? "%.2f MiB" : "%.2f GiB", bytes / (bytes < gib ? mib : gib));
   return text;
 }
 
@@ -39,7 +39,8 @@ std::string gib(double bytes) {
 int fewest_ranks(const Options& options) {
   const int64_t pp = options.get_int("parallel.pp", 1, INT32_MAX), dp = options.get_int("parallel.dp", 0, INT32_MAX),
                 ep = options.get_int("parallel.ep", 1, INT32_MAX), ranks = pp * (dp > 0 ? dp : ep);
-  if (ranks > INT32_MAX) throw config_error("parallel.pp", options.raw("parallel.pp"), "more ranks than MPI can number");
+  if (ranks > INT32_MAX)
+    throw config_error("parallel.pp", options.raw("parallel.pp"), "more ranks than MPI can number");
   return static_cast<int>(ranks);
 }
 
@@ -86,16 +87,17 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
   std::printf("layout           %d rank(s): dp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
               config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
               static_cast<long long>(config.loop.micro_batch));
-  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n", gib(plan.parameters).c_str(),
-              gib(plan.gradients).c_str(), gib(plan.optimizer_state).c_str());
+  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n",
+              size_text(plan.parameters).c_str(), size_text(plan.gradients).c_str(),
+              size_text(plan.optimizer_state).c_str());
   std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
               "                 none %s, selective %s, full %s%s); total %s\n",
-              gib(plan.activations).c_str(), config.loop.recompute.c_str(),
-              gib(plan.activations_by_recompute.at("none")).c_str(),
-              gib(plan.activations_by_recompute.at("selective")).c_str(),
-              gib(plan.activations_by_recompute.at("full")).c_str(),
+              size_text(plan.activations).c_str(), config.loop.recompute.c_str(),
+              size_text(plan.activations_by_recompute.at("none")).c_str(),
+              size_text(plan.activations_by_recompute.at("selective")).c_str(),
+              size_text(plan.activations_by_recompute.at("full")).c_str(),
               compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
-              gib(plan.total()).c_str());
+              size_text(plan.total()).c_str());
 }
 
 }  // namespace

@@ -53,7 +53,8 @@ TEST_F(ConfigTest, ChunksPerStageFollowTheScheduleUnlessGiven) {
     Options options = parse({"--parallel.pp", "2", "--parallel.schedule", schedule, "--train.grad_accum", "4",
                              "--model.num_layers", "8"});
     EXPECT_EQ(read_train_config(options, 2).parallel.virtual_stages, chunks) << schedule;
-    EXPECT_NE(options.to_ini().find("virtual_stages = " + std::to_string(chunks) + "\n"), std::string::npos) << schedule;
+    const std::string recorded = "virtual_stages = " + std::to_string(chunks) + "\n";
+    EXPECT_NE(options.to_ini().find(recorded), std::string::npos) << schedule;
   }
   EXPECT_EQ(read({"--parallel.pp", "2", "--parallel.schedule", "interleaved", "--parallel.virtual_stages", "4",
                   "--train.grad_accum", "4", "--model.num_layers", "8"}, 2).parallel.virtual_stages, 4);
