@@ -27,10 +27,13 @@ apt_options=(-o "Dir::Etc=$apt_dir/etc/apt" -o "Dir::State=$apt_dir/var/lib/apt"
 download() { (cd "$work/debs" && apt-get "${apt_options[@]}" download -q "libtorch-dev${version:+=$version}" >/dev/null); }
 # The suites' lists take minutes to fetch: again only when the version asked for is not in them.
 download 2>/dev/null || { apt-get "${apt_options[@]}" update -q >/dev/null && download; }
-deb=$(ls -t "$work"/debs/libtorch-dev_${version:-*}_*.deb | head -n 1)
+deb=$(ls "$work"/debs/libtorch-dev_${version:-*}_*.deb | sort -V | tail -n 1)  # the newest version, not the newest file
 headers=$work/root-$(basename "$deb" .deb)
 [[ -d $headers ]] || { mkdir -p "$headers.tmp" && dpkg-deb -x "$deb" "$headers.tmp" && mv "$headers.tmp" "$headers"; }
-version_h=$headers/usr/include/torch/csrc/api/include/torch/version.h
+# Older releases define the version in torch/version.h; newer ones include torch/headeronly/version.h there.
+for version_h in "$headers"/usr/include/torch/{csrc/api/include/torch,headeronly}/version.h; do
+  grep -qs 'define TORCH_VERSION_MAJOR' "$version_h" && break
+done
 major=$(awk '/define TORCH_VERSION_MAJOR/ {print $3}' "$version_h")
 minor=$(awk '/define TORCH_VERSION_MINOR/ {print $3}' "$version_h")
 standard=c++17
