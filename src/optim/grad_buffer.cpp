@@ -92,7 +92,7 @@ GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<tor
   for (size_t i = 0; i < slots_.size(); ++i) {
     torch::Tensor& param = slots_[i].param;
     if (!slots_[i].added_in) param.mutable_grad() = slots_[i].view;  // autograd adds in place
-    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(param);
+    compat::GradAccumulatorPtr accumulator = torch::autograd::impl::grad_accumulator(param);
     accumulator->add_post_hook(std::make_unique<GradientArrivalHook>(this, i));
     accumulators_.push_back(accumulator);  // autograd keeps only a weak reference
   }

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/torch_compat.h"
 #include "dstrain/core/weight_gradient_store.h"
 #include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
@@ -67,7 +68,7 @@ TEST(WeightGradientStore, BackwardSplitInTwoGivesTheGradientsOfOnePass) {
   reset(chain);
 
   int arrivals = 0;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<dstrain::compat::GradAccumulatorPtr> accumulators;
   for (const torch::Tensor& w : chain.weights()) {
     accumulators.push_back(torch::autograd::impl::grad_accumulator(w));
     accumulators.back()->add_post_hook(std::make_unique<ArrivalCounter>(&arrivals));

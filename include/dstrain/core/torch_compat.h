@@ -10,6 +10,7 @@
 
 #include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 // LibTorch major.minor or later: each fast path below names the release that brought its call,
@@ -20,6 +21,12 @@
 namespace dstrain::compat {
 
 constexpr bool kHasFusedAttention = DSTRAIN_TORCH_AT_LEAST(2, 1);  // scaled_dot_product_attention(scale=)
+
+// The autograd node that adds up a parameter's gradient, as grad_accumulator returns it: a
+// std::shared_ptr up to LibTorch 2.12, a c10::intrusive_ptr from 2.13 on. Autograd itself keeps
+// only a weak reference, so whoever hangs hooks on the node holds one of these.
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
 // Causal attention on [batch, heads, seq, head_dim] tensors with the given softmax scale. The
 // queries are the last q.size(-2) positions of the keys (all of them in training; the new tokens

@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "dstrain/core/torch_compat.h"
 #include "dstrain/dist/communicator.h"
 #include "dstrain/optim/block_quantization.h"
 #include "dstrain/optim/parameter_shard.h"
@@ -157,7 +158,7 @@ class GradientBuffer {
   size_t next_complete_ = 0;  // buckets before it were seen complete this step
   CommunicationRecord record_;
   torch::Tensor residual_;  // see error_feedback()
-  std::vector<std::shared_ptr<void>> accumulators_;  // the autograd nodes the hooks live on
+  std::vector<compat::GradAccumulatorPtr> accumulators_;  // the autograd nodes the hooks live on
   std::mutex mutex_;                                 // hooks may run on autograd's threads
   std::thread::id owner_;
 };
