@@ -76,17 +76,22 @@ void expect_same_records(const std::string& a, const std::string& b, double tole
 }  // namespace
 
 // A rank of a 2 × 2 run dies (SIGKILL) at step 13; the job is started again with the same
-// command: it resumes from step 10 and ends bitwise where the run that never stopped ended.
+// command: it resumes from the latest checkpoint and ends bitwise where the run that never
+// stopped ended. The step-10 save completes at a step boundary once every rank has written its
+// share, normally at step 11; on a loaded machine its fsync can outlast steps 11 and 12, and
+// then step 5 is the latest, which must serve as well.
 TEST(Checkpoint, KilledRankResumesBitwise) {
   std::string dir = scratch_dir("ckpt-killed");
   RunOutput killed = train(4, 2, dir, {"--debug.fail_at_step", "13", "--debug.fail_rank", "3"});
   EXPECT_NE(killed.exit_code, 0) << killed.output;
-  EXPECT_EQ(latest_of(dir), "step_00000010.h5");
+  const std::string latest = latest_of(dir);
+  ASSERT_TRUE(latest == "step_00000010.h5" || latest == "step_00000005.h5") << latest << "\n" << killed.output;
   RunOutput resumed = train(4, 2, dir);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resuming from " + checkpoint(dir, 10)), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from " + dir + "/checkpoints/" + latest), std::string::npos)
+      << resumed.output;
   EXPECT_EQ(digest(dir), digest(uninterrupted()));
-  expect_same_records(uninterrupted(), dir, 0.0);  // steps 11-13 logged once, as re-run
+  expect_same_records(uninterrupted(), dir, 0.0);  // the steps after the checkpoint logged once, as re-run
 }
 
 // SIGKILL while the step-10 checkpoint is being written: `latest` still names step 5, which
@@ -257,9 +262,9 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
 TEST(Checkpoint, AHungRankEndsTheJobWithACommunicationError) {
   std::string dir = scratch_dir("ckpt-hang");
   RunOutput run = train(4, 2, dir, {"--debug.fail_at_step", "4", "--debug.fail_rank", "1", "--debug.fail_mode", "hang",
-                                    "--comm.timeout_s", "3"});
+                                    "--comm.timeout_s", "10"});  // (it bounds the ranks' start-up too)
   EXPECT_EQ(run.exit_code, 5) << run.output;
-  EXPECT_NE(run.output.find("did not finish within comm.timeout_s = 3 s"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("did not finish within comm.timeout_s = 10 s"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("world rank 1"), std::string::npos) << run.output;  // the peer waited for
   // Every timed-out rank's message starts with the silent one, rank 1, and names no other as silent.
   size_t messages = 0;
