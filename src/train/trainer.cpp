@@ -76,6 +76,9 @@ class Trainer {
   TrainResult run();
 
  private:
+  TrainResult run_steps();
+  // After a numerical error: the save in flight completes (see run()).
+  void complete_save_in_flight();
   StepResult train_step(int64_t step);
   // One step, its activation memory measured; with debug.forbid_host_sync on a GPU, a wait for the
   // device inside it is an error.
@@ -244,6 +247,27 @@ void Trainer::save_checkpoint(int64_t step) {
 }
 
 TrainResult Trainer::run() {
+  try {
+    return run_steps();
+  } catch (const Error& e) {
+    // Every rank stops on a numerical error at the same point, since the guards decide from
+    // values reduced over all ranks. The save in flight began from a step checked finite: it
+    // completes, so that a resume loses none of the steps before it.
+    if (e.code() == ExitCode::kNumerical) complete_save_in_flight();
+    throw;
+  }
+}
+
+void Trainer::complete_save_in_flight() {
+  try {
+    state_->finish();
+  } catch (const Error& failed) {
+    // This rank's write failed; the error that stops the run stays the numerical one.
+    log::error(failed.what());
+  }
+}
+
+TrainResult Trainer::run_steps() {
   const int64_t steps = config_.loop.steps;
   log_run_plan(config_, plan_, parallel_, placement_, stage_, *optimizer_, grads_->replicated().sharded(), train_data_);
   TrainResult result;

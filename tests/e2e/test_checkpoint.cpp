@@ -279,7 +279,8 @@ TEST(Checkpoint, AHungRankEndsTheJobWithACommunicationError) {
   EXPECT_GE(messages, 1u) << run.output;
 }
 
-// A step whose gradients are not finite never reaches a checkpoint: the run stops first.
+// A step whose gradients are not finite never reaches a checkpoint: the run stops first, and a
+// save of an earlier step still being written completes.
 TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
   std::string dir = scratch_dir("ckpt-nonfinite");
   RunOutput run = train(2, 1, dir, {"--debug.fail_at_step", "7", "--debug.fail_rank", "1", "--debug.fail_mode", "nan",
@@ -289,6 +290,17 @@ TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
       << run.output;
   EXPECT_EQ(latest_of(dir), "step_00000005.h5");  // the last good one, intact
   EXPECT_FALSE(dstrain::files::exists(checkpoint(dir, 10)));
+
+  // Stopped at step 6, before any step boundary after the step-5 save began: that save, of a
+  // finite step, is still in flight, and completes before the ranks exit.
+  std::string in_flight = scratch_dir("ckpt-nonfinite-in-flight");
+  RunOutput stopped = train(2, 1, in_flight, {"--debug.fail_at_step", "6", "--debug.fail_rank", "1",
+                                              "--debug.fail_mode", "nan"});
+  EXPECT_EQ(stopped.exit_code, 6) << stopped.output;
+  EXPECT_NE(stopped.output.find("step 6: the gradient norm was not finite in 1 step(s)"), std::string::npos) << stopped.output;
+  EXPECT_EQ(latest_of(in_flight), "step_00000005.h5") << stopped.output;
+  RunOutput verify = run_dstrain(0, {"ckpt", "verify", checkpoint(in_flight, 5)});
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
 
   // optim.nonfinite = skip: the step changes nothing, and the run goes on.
   std::string skipping = scratch_dir("ckpt-nonfinite-skip");
