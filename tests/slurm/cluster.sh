@@ -77,7 +77,7 @@ CONF
 slurmctld -f "$conf"
 slurmd -f "$conf"
 export SLURM_CONF=$conf
-for _ in $(seq 1 60); do
+for _ in $(seq 1 120); do  # 60 s: slurmd registers late on a loaded machine
   if sinfo -h -o %T 2>/dev/null | grep -qE '^idle'; then
     echo "test cluster up: SLURM_CONF=$conf"
     exit 0
