@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 
@@ -26,6 +27,9 @@ std::string latest_in(const std::string& dir) {
   std::string name;
   std::getline(in, name);
   if (name.empty()) throw Error(kCode, dir + "/latest: empty or unreadable");
+  if (step_of_checkpoint_file(name) < 0)  // (its text may not even be printable)
+    throw Error(kCode, dir + "/latest: does not name a checkpoint file (step_NNNNNNNN.h5): damaged? (set ckpt.resume "
+                       "to a checkpoint file, or to none to start afresh)");
   const std::string path = dir + "/" + name;
   if (!files::is_regular_file(path))
     throw Error(kCode, dir + "/latest names " + name + ", which does not exist (set ckpt.resume to a checkpoint "

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -36,18 +37,26 @@ std::string parameter_digest(const NamedTensors& params) {
 torch::Tensor default_generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
 // A checkpoint directory holding checkpoints but no `latest` (written by hand, or a crash between
-// the first checkpoint's rename and its `latest`): the run starts afresh, and its saves will
-// replace files of the same step.
-void warn_of_checkpoints_without_latest(const std::string& dir) {
-  std::string newest;
-  int64_t newest_step = -1;
+// the first checkpoint's rename and its `latest`): ckpt.resume = auto does not resume from them.
+// Its saves would replace those of the steps it reaches, so with any of those the run does not
+// start; with only later ones it starts afresh beside them, which retention leaves alone.
+void check_checkpoints_without_latest(const std::string& dir, int64_t steps) {
+  std::string newest, newest_reached;  // step_NNNNNNNN.h5 sorts by step
   for (const std::string& name : files::directory_entries(dir)) {
     const int64_t step = step_of_checkpoint_file(name);  // -1 for other names
-    if (step > newest_step) newest = name, newest_step = step;
+    if (step < 0) continue;
+    newest = std::max(newest, name);
+    if (step <= steps) newest_reached = std::max(newest_reached, name);
   }
+  if (!newest_reached.empty())
+    throw config_error("ckpt.resume", "auto",
+                       dir + " holds checkpoints (the newest " + newest + ") but no `latest`, and this run's own "
+                       "checkpoints would replace those up to step " + std::to_string(steps) + " (" + newest_reached +
+                       " among them): set ckpt.resume to one of them to continue from it, to none to start afresh "
+                       "over them, or use another ckpt.dir");
   if (!newest.empty())
-    log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh; "
-                 "set ckpt.resume to one of them to continue from it");
+    log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh "
+                 "beside them; set ckpt.resume to one of them to continue from it");
 }
 
 }  // namespace
@@ -64,7 +73,8 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
-    if (resume.empty() && config.ckpt.resume == "auto") warn_of_checkpoints_without_latest(config.ckpt.dir);
+    if (resume.empty() && config.ckpt.resume == "auto")
+      check_checkpoints_without_latest(config.ckpt.dir, config.loop.steps);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });

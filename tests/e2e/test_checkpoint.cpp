@@ -176,7 +176,8 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
 
   // Checkpoints without `latest` are not resumed from (ckpt.resume = auto follows `latest`
-  // alone), but the run says that it starts afresh beside them.
+  // alone). Beyond the run's last step, the run says that it starts afresh beside them; up to it,
+  // where its own saves would replace them, it does not start, and they stay as they were.
   const std::string orphaned = scratch_dir("ckpt-without-latest");
   std::string why;
   ASSERT_TRUE(dstrain::files::make_directories(orphaned + "/checkpoints", &why)) << why;
@@ -185,6 +186,18 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_EQ(afresh.exit_code, 0) << afresh.output;
   EXPECT_NE(afresh.output.find("holds checkpoints (the newest step_00000005.h5) but no `latest`: starting afresh"),
             std::string::npos) << afresh.output;
+  const std::string reached = scratch_dir("ckpt-without-latest-reached");
+  ASSERT_TRUE(dstrain::files::make_directories(reached + "/checkpoints", &why)) << why;
+  std::ofstream(checkpoint(reached, 5), std::ios::binary) << read_text(good);
+  RunOutput over = train(1, 1, reached, {"--train.steps", "6"});
+  EXPECT_EQ(over.exit_code, 2) << over.output;
+  EXPECT_NE(over.output.find("but no `latest`, and this run's own checkpoints would replace those up to step 6 "
+                             "(step_00000005.h5 among them)"),
+            std::string::npos) << over.output;
+  EXPECT_EQ(read_text(checkpoint(reached, 5)), read_text(good));
+  RunOutput continued = train(1, 1, reached, {"--train.steps", "6", "--ckpt.resume", checkpoint(reached, 5)});
+  EXPECT_EQ(continued.exit_code, 0) << continued.output;
+  EXPECT_NE(continued.output.find("resuming from " + checkpoint(reached, 5)), std::string::npos) << continued.output;
 
   // The trainer's attributes have a checksum too: a step changed from 5 to 3 would resume the
   // data order two steps back.
@@ -225,6 +238,11 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_EQ(missing.exit_code, 4) << missing.output;
   EXPECT_NE(missing.output.find("latest names step_00000099.h5, which does not exist"), std::string::npos)
       << missing.output;
+  std::ofstream(dangling + "/checkpoints/latest", std::ios::binary | std::ios::trunc) << std::string("\0\xff junk\n", 8);
+  RunOutput garbled = train(1, 1, dangling);
+  EXPECT_EQ(garbled.exit_code, 4) << garbled.output;
+  EXPECT_NE(garbled.output.find("latest: does not name a checkpoint file (step_NNNNNNNN.h5): damaged?"),
+            std::string::npos) << garbled.output;
 
   RunOutput other = train(1, 1, scratch_dir("ckpt-other-model"), {"--ckpt.resume", good, "--model.hidden_size", "64"});
   EXPECT_EQ(other.exit_code, 4) << other.output;
