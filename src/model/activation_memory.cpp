@@ -70,9 +70,8 @@ double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, c
 double layer_activation_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
   // Each RMSNorm keeps its input, the normalised values and its output (3 × hidden; with
   // selective recomputation its input only), and the residual stream adds a little more
-  // (measured on LibTorch's CPU kernels: 2 × hidden). The multi-token prediction modules are
-  // never recomputed.
-  const bool selective = o.recompute.mode == Recompute::kSelective && layer < c.num_layers;
+  // (measured on LibTorch's CPU kernels: 2 × hidden).
+  const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
   return (selective ? 4.0 : 8.0) * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
 }
@@ -110,24 +109,29 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len) * static_cast<double>(o.element_bytes);
   const double h = static_cast<double>(c.hidden_size);
   double kept = 0, rerun = 0, made = 0, awaiting_weights = 0;
+  // The decoder layer `layer`, at `index` in its chunk: all it keeps, or under full recomputation
+  // its input, and then all it keeps again while it reruns (returned; 0 if it does not).
+  auto add_layer = [&](int64_t layer, int64_t index) {
+    awaiting_weights += weight_store_elements(c, layer) * tokens;
+    const bool recomputed = o.recompute.reruns_layer(index);
+    const double full = layer_activation_elements(c, layer, o) * tokens;  // (full: as if none)
+    kept += recomputed ? h * tokens : full;
+    if (recomputed) rerun = std::max(rerun, full);
+    return recomputed ? full : 0.0;
+  };
   for (const LayerSlice& slice : chunks) {
-    for (int64_t layer = slice.first; layer < slice.last; ++layer) {
-      awaiting_weights += weight_store_elements(c, layer) * tokens;
-      const int64_t index = layer - slice.first;
-      const bool recomputed = o.recompute.mode == Recompute::kFull &&
-                              (o.recompute.layers == 0 || index < o.recompute.layers);
-      const double full = layer_activation_elements(c, layer, o) * tokens;  // (full: as if none)
-      kept += recomputed ? h * tokens : full;
-      if (recomputed) rerun = std::max(rerun, full);
-    }
+    for (int64_t layer = slice.first; layer < slice.last; ++layer) add_layer(layer, layer - slice.first);
     made = std::max(made, head_and_embedding_bytes(c, slice, o));
     if (!slice.has_head) continue;
-    // Multi-token prediction (never recomputed): each module's layer, its projection's input
-    // ([normalised hidden; embedding]) and its logits' gradient.
+    // Multi-token prediction: each module's layer, after the chunk's last one; its projection's
+    // input ([normalised hidden; embedding]) and its logits' gradient, whatever is recomputed. Its
+    // layer's backward pass comes first, so a rerun of it meets the main head's logits' gradient,
+    // which the main head's backward pass has yet to use.
     const double mtp_per_token = 2.0 * h + static_cast<double>(c.vocab_size);
     for (int64_t depth = 1; depth <= c.num_nextn_predict_layers; ++depth) {
-      kept += (layer_activation_elements(c, c.num_layers + depth - 1, o) + mtp_per_token) * tokens;
-      awaiting_weights += weight_store_elements(c, c.num_layers + depth - 1) * tokens;
+      const double rerun_here = add_layer(c.num_layers + depth - 1, slice.last - slice.first + depth - 1);
+      kept += mtp_per_token * tokens;
+      if (o.backward_starting) made = std::max(made, static_cast<double>(c.vocab_size) * tokens + rerun_here);
     }
   }
   // The backward pass's working set on top: the gradients flowing between layers and those of a

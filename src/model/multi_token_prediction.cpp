@@ -12,9 +12,8 @@ MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t
   head_norm_ = shared_head->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor MultiTokenPredictionImpl::predict(const torch::Tensor& previous, const torch::Tensor& embedded,
-                                                const RopeTables& rope) {
-  return forward(eh_proj_(torch::cat({enorm_(embedded), hnorm_(previous)}, -1)), rope);
+torch::Tensor MultiTokenPredictionImpl::join(const torch::Tensor& previous, const torch::Tensor& embedded) {
+  return eh_proj_(torch::cat({enorm_(embedded), hnorm_(previous)}, -1));
 }
 
 }  // namespace dstrain

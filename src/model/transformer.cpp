@@ -38,11 +38,10 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
 }
 
 torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
-  const bool full = recompute_.mode == Recompute::kFull;
   const SelectiveRecompute selective(recompute_.mode == Recompute::kSelective);
   for (size_t i = 0; i < layers_.size(); ++i) {
     DecoderLayer layer = layers_[i];
-    if (full && (recompute_.layers == 0 || static_cast<int64_t>(i) < recompute_.layers))
+    if (recompute_.reruns_layer(static_cast<int64_t>(i)))
       h = recompute_in_backward([this, layer](const torch::Tensor& x) mutable { return layer->forward(x, rope_); }, h);
     else
       h = layer(h, rope_);
@@ -52,7 +51,14 @@ torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
 
 torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor& previous,
                                               const torch::Tensor& embedded) {
-  return mtp_.at(static_cast<size_t>(depth - 1))->predict(previous, embedded, rope_);
+  // The module's decoder layer follows the chunk's last one, and is recomputed as those are.
+  MultiTokenPrediction module = mtp_.at(static_cast<size_t>(depth - 1));
+  const SelectiveRecompute selective(recompute_.mode == Recompute::kSelective);
+  const torch::Tensor joined = module->join(previous, embedded);
+  if (!recompute_.reruns_layer(static_cast<int64_t>(layers_.size()) + depth - 1))
+    return module->forward(joined, rope_);
+  return recompute_in_backward([this, module](const torch::Tensor& x) mutable { return module->forward(x, rope_); },
+                               joined);
 }
 
 torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {

@@ -27,8 +27,10 @@ class MultiTokenPredictionImpl : public DecoderLayerImpl {
  public:
   // `layer`: the module's global index, num_layers + k - 1 (it decides whether its MLP is MoE).
   MultiTokenPredictionImpl(const ModelConfig& config, int64_t layer, const ExpertShard& experts = {});
-  // h^k [B, n, H] from h^{k-1} and the embeddings of the tokens k places ahead, both [B, n, H].
-  torch::Tensor predict(const torch::Tensor& previous, const torch::Tensor& embedded, const RopeTables& rope);
+  // The input of the module's decoder layer (its forward gives h^k [B, n, H]): eh_proj of
+  // h^{k-1} and the embeddings of the tokens k places ahead, both [B, n, H], normalised. (Apart,
+  // so that recomputation may rerun the layer as it reruns the main model's.)
+  torch::Tensor join(const torch::Tensor& previous, const torch::Tensor& embedded);
   // shared_head.norm: what the shared LM head reads.
   torch::Tensor head_input(const torch::Tensor& hidden) { return head_norm_(hidden); }
 

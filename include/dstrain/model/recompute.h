@@ -3,10 +3,12 @@
 // full and selective recomputation; PyTorch's reentrant checkpoint). LibTorch's C++ API has no
 // such utility: recompute_in_backward and recompute_outputs are the autograd functions that do it.
 //
-// full: each decoder layer keeps only its input (recompute_in_backward around the layer).
+// full: each decoder layer keeps only its input (recompute_in_backward around the layer), the
+// multi-token prediction modules' layers too.
 // selective: DeepSeek-V3's choice, the cheap operations whose outputs are large: the RMSNorms
 // before attention and MLP, MLA's up-projections (with the latents' norms and the rotary
-// embedding) and the SwiGLU activation of every MLP and expert. Their outputs are dropped as soon
+// embedding) and the SwiGLU activation of every MLP and expert, in the multi-token prediction
+// modules' layers too. Their outputs are dropped as soon
 // as the operation that uses them has run and computed again just before its backward pass
 // (recompute_outputs), so the backward pass runs as without recomputation, plus those reruns.
 //
@@ -32,6 +34,9 @@ Recompute recompute_named(const std::string& name);
 struct RecomputePlan {
   Recompute mode = Recompute::kNone;
   int64_t layers = 0;  // full: the first `layers` decoder layers of each model chunk; 0: all
+  // Whether the decoder layer at `index` of a chunk reruns (the multi-token prediction modules'
+  // layers count after the chunk's last).
+  bool reruns_layer(int64_t index) const { return mode == Recompute::kFull && (layers == 0 || index < layers); }
 };
 
 // `part(input)` without keeping its intermediate tensors: the backward pass reruns it on the kept
