@@ -44,7 +44,8 @@ void add_loop_options(OptionTable& t) {
         "outputs, MLA's up-projections and the SwiGLU activations of the decoder layers); or full (a decoder "
         "layer keeps only its input)");
   t.add("train.recompute_layers", OptionKind::kInt, "0",
-        "train.recompute = full: the first N decoder layers of each model chunk rerun (0: all of them)");
+        "train.recompute = full: the first N decoder layers of each model chunk rerun (0: all of them; a "
+        "chunk's multi-token prediction layers count after its last)");
   t.add("train.peak_tflops", OptionKind::kFloat, "0",
         "peak TFLOP/s of one device for MFU (0: known A100/H100/H200 figures; no MFU otherwise)");
 }
