@@ -20,7 +20,7 @@ namespace dstrain {
 namespace {
 
 const char* kUsage =
-    "usage: dstrain model info --config FILE [--ranks N] [--json] [--section.key value ...]\n\n"
+    "usage: dstrain model info [--config FILE] [--ranks N] [--json] [--section.key value ...]\n\n"
     "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
     "the configuration's layout on N ranks (default: the fewest it fits, parallel.pp x parallel.dp,\n"
     "or x parallel.ep where dp is not given; parallel.pp, parallel.ep and optim.zero as configured:\n"
@@ -106,7 +106,8 @@ int model_command(const std::vector<std::string>& args_given) {
   if (args_given.empty() || args_given[0] != "info" ||
       std::find(args_given.begin(), args_given.end(), "--help") != args_given.end()) {
     std::cout << kUsage;
-    return args_given.empty() || args_given[0] == "info" || args_given[0] == "--help" ? 0 : 2;
+    // Help asked for is an answer; no subcommand, or another, a usage error (as `dstrain` alone).
+    return !args_given.empty() && (args_given[0] == "info" || args_given[0] == "--help") ? 0 : 2;
   }
   bool json = false;
   int ranks = 0;  // not given

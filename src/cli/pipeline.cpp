@@ -77,7 +77,8 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (help) {
     std::cout << "usage: dstrain pipeline simulate --pp P --microbatches M [--schedule S] [--virtual-stages V]\n\n"
               << description;
-    return args.empty() || args[0] == "simulate" || args[0] == "--help" ? 0 : 2;
+    // Help asked for is an answer; no subcommand, or another, a usage error (as `dstrain` alone).
+    return !args.empty() && (args[0] == "simulate" || args[0] == "--help") ? 0 : 2;
   }
   po::variables_map given;
   parse_command_options(std::vector<std::string>(args.begin() + 1, args.end()), description, &given,

@@ -120,7 +120,7 @@ CorpusReader::CorpusReader(const std::string& path) {
   if (stat(path.c_str(), &st) != 0) throw data_error(path + ": no such corpus file");
   if (!h5::is_hdf5_file(path)) throw data_error(path + ": not an HDF5 file (make corpora with `dstrain prep`)");
   file_ = h5::Handle(h5::check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), kCode,
-                                  path + ": cannot open"),
+                                  path + ": not a readable HDF5 file (truncated or damaged?)"),
                      H5Fclose);
   hid_t root = file_.get();
   if (!h5::has_link(root, "tokens") || !h5::has_link(root, "doc_offsets"))

@@ -286,10 +286,13 @@ void join_parts(const PrepOptions& options, const Tokenizer& tokenizer, const st
     }
   }
   if (train_docs.empty()) throw data_error("the corpus would be empty: the inputs hold no non-empty document");
+  char fraction[32];
+  std::snprintf(fraction, sizeof fraction, "%g", options.valid_fraction);
   if (period > 0 && valid_docs.empty())
     throw data_error("the validation split would be empty: " + std::to_string(train_docs.size()) +
-                     " documents with --valid-fraction " + std::to_string(options.valid_fraction) +
-                     " (give a larger fraction or more documents)");
+                     " document(s) with --valid-fraction " + fraction + " (give " +
+                     (options.valid_fraction < 0.5 ? "a larger fraction or " : "") +
+                     "more documents, or --valid-fraction 0 for none)");
   if (options.shuffle) {
     shuffle_documents(&train_docs, options.seed, 0);
     shuffle_documents(&valid_docs, options.seed, 1);
@@ -320,6 +323,7 @@ void check_options(const PrepOptions& options) {
     throw config_error("--memory-limit", std::to_string(options.memory_limit_mb), "at least 16 (MB)");
   const std::string valid_path = valid_output_path(options);
   for (const std::string& input : options.inputs) {
+    if (files::is_directory(input)) throw data_error(input + ": a directory; give the files in it (" + input + "/*)");
     if (!files::is_regular_file(input)) throw data_error(input + ": no such input file");
     if (h5::is_hdf5_file(input)) throw data_error(input + ": an HDF5 file (a corpus?), not text or JSONL to tokenize");
     // Writing an input would destroy the text.

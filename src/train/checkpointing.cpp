@@ -101,7 +101,7 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
     if (changed(key))
       schedule_changes += std::string(schedule_changes.empty() ? "" : "; ") + key + " = " + theirs.at(key) +
                           " there, " + ours.at(key) + " here";
-  if (!schedule_changes.empty())
+  if (!schedule_changes.empty() && s.step < expected.steps)
     log::warning("the learning-rate schedule differs from the one ", path, " was trained with (", schedule_changes,
                  "): the run continues on its own schedule from step ", s.step + 1,
                  " (optim.decay_steps follows train.steps unless given)");

@@ -38,11 +38,18 @@ std::vector<std::unique_ptr<ReportSink>> open_run_files(const TrainConfig& confi
 void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement,
                        const AdamW& optimizer, const TrainResult& result, bool evaluated, double seconds) {
   const uint64_t tokens = static_cast<uint64_t>(result.consumed_samples) * static_cast<uint64_t>(c.loop.seq_len);
-  log::info("done: ", c.loop.steps, " steps in ", format_duration(seconds), ", ", with_commas(static_cast<double>(tokens)),
-            " tokens (", with_commas(result.tokens_per_s), " tok/s after warm-up); final loss ", result.final_loss,
+  // After a resume, the time is this process's steps', the tokens the whole run's.
+  const std::string steps = result.start_step == 0
+                                ? std::to_string(c.loop.steps) + " steps"
+                                : "steps " + std::to_string(result.start_step + 1) + "-" + std::to_string(c.loop.steps) +
+                                      " (resumed after step " + std::to_string(result.start_step) + ")";
+  log::info("done: ", steps, " in ", format_duration(seconds), ", ", with_commas(static_cast<double>(tokens)),
+            result.start_step == 0 ? " tokens" : " tokens since step 0", " (", with_commas(result.tokens_per_s),
+            " tok/s after warm-up); final loss ", result.final_loss,
             evaluated ? ", eval loss " + std::to_string(result.final_eval_loss) : std::string());
   if (parallel.world_rank != 0) return;
   nlohmann::json summary = {{"steps", c.loop.steps},
+                            {"start_step", result.start_step},
                             {"tokens", tokens},
                             {"seconds", seconds},
                             {"tokens_per_s", result.tokens_per_s},

@@ -105,7 +105,7 @@ void TrainState::resume_from(const std::string& path) {
   const CheckpointState& state = reader.state();
   check_resumable(reader, {model_shape_text(config.model), config.data.train, corpus_fingerprint_,
                            static_cast<uint64_t>(config.loop.global_batch), static_cast<uint64_t>(config.loop.seq_len),
-                           parts_.config_text});
+                           parts_.config_text, config.loop.steps});
   load_checkpoint(reader, *parts_.optimizer, parts_.params);
   parts_.grads->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (parts_.loss_scaler && state.loss_scale > 0)

@@ -318,6 +318,7 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();  // the steps, not the end
   const RunPlan& plan = plan_;
   result.steps = config_.loop.steps;
+  result.start_step = state_->start_step();
   result.consumed_samples = state_->consumed_samples();
   result.final_loss = report_->final_loss();
   result.tokens_per_s = report_->tokens_per_s();

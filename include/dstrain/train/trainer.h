@@ -11,6 +11,7 @@ namespace dstrain {
 
 struct TrainResult {
   int64_t steps = 0;
+  int64_t start_step = 0;         // the step this process went on from: a resumed checkpoint's, or 0
   int64_t consumed_samples = 0;   // by the steps, the resumed ones included
   double final_loss = 0.0;
   double final_eval_loss = -1.0;  // -1 without a validation corpus
