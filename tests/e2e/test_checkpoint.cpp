@@ -267,11 +267,15 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
             std::string::npos) << seed.output;
 
   // A longer run moves the end of the decay (optim.decay_steps follows train.steps): allowed, and said.
-  RunOutput longer = train(1, 1, scratch_dir("ckpt-longer"), {"--ckpt.resume", good, "--train.steps", "6"});
+  const std::string longer_dir = scratch_dir("ckpt-longer");
+  RunOutput longer = train(1, 1, longer_dir, {"--ckpt.resume", good, "--train.steps", "6"});
   EXPECT_EQ(longer.exit_code, 0) << longer.output;
   EXPECT_NE(longer.output.find("the learning-rate schedule differs from the one " + good +
                                " was trained with (optim.decay_steps = 5 there, 6 here)"),
             std::string::npos) << longer.output;
+  // Its end says which steps this process ran, and its summary where it started.
+  EXPECT_NE(longer.output.find("done: steps 6-6 (resumed after step 5) in "), std::string::npos) << longer.output;
+  EXPECT_EQ(read_json(longer_dir + "/summary.json")["start_step"], 5);
 }
 
 // A rank that stops answering: the others give up after comm.timeout_s, name first the rank that
@@ -355,6 +359,8 @@ TEST(Checkpoint, RetentionAndH5dump) {
     RunOutput again = train(2, 1, dir, {"--ckpt.keep_last", "2", "--ckpt.keep_every", "10", "--train.steps", steps});
     EXPECT_EQ(again.exit_code, 0) << again.output;
     EXPECT_NE(again.output.find("nothing to do"), std::string::npos) << again.output;
+    // (train.steps 10 moves the end of the decay, but no step follows to take another schedule.)
+    EXPECT_EQ(again.output.find("learning-rate schedule differs"), std::string::npos) << again.output;
     EXPECT_EQ(read_json(dir + "/summary.json").dump(), summary);
     EXPECT_EQ(read_text(dir + "/config.ini"), config) << "train.steps " << steps;
     EXPECT_EQ(sorted_entries(), entries) << "train.steps " << steps;

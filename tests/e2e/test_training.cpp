@@ -231,6 +231,19 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
   RunOutput usage = run_dstrain(0, {"trian"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_NE(usage.output.find("unknown command 'trian'"), std::string::npos) << usage.output;
+  // A command without its subcommand: a usage error naming the subcommands, whichever the
+  // command; the usage asked for is an answer.
+  for (const auto& [command, subcommand] : std::vector<std::pair<std::string, std::string>>{
+           {"model", "info"}, {"pipeline", "simulate"}, {"ckpt", "verify"}, {"data", "inspect"}, {"bench", "step"}}) {
+    RunOutput bare = run_dstrain(0, {command});
+    EXPECT_EQ(bare.exit_code, 2) << command << ":\n" << bare.output;
+    EXPECT_NE(bare.output.find(subcommand), std::string::npos) << command << ":\n" << bare.output;
+  }
+  for (const std::vector<std::string>& help : {std::vector<std::string>{"model", "info", "--help"},
+                                               std::vector<std::string>{"pipeline", "simulate", "--help"}}) {
+    RunOutput asked = run_dstrain(0, help);
+    EXPECT_EQ(asked.exit_code, 0) << help[0] << ":\n" << asked.output;
+  }
 }
 
 // A model whose parameters, gradients and optimizer state cannot fit is the configuration's fault,

@@ -94,6 +94,14 @@ TEST(Prep, BadInputsGiveClearErrorsAndLeaveNoCorpus) {
   expect_error([&] { run_prep(options); }, ExitCode::kData, {"notext.jsonl:1", "\"text\""});
   options.inputs = {dir.path("empty.txt")};
   expect_error([&] { run_prep(options); }, ExitCode::kData, {"empty"});
+  options.inputs = {dir.path("")};  // the directory itself
+  expect_error([&] { run_prep(options); }, ExitCode::kData, {"a directory; give the files in it"});
+  // One document cannot give a validation split: no larger fraction exists than 0.5 to advise.
+  dir.write("one.txt", "a single document");
+  options.inputs = {dir.path("one.txt")};
+  options.valid_fraction = 0.5;
+  expect_error([&] { run_prep(options); }, ExitCode::kData,
+               {"1 document(s) with --valid-fraction 0.5 (give more documents, or --valid-fraction 0 for none)"});
   EXPECT_FALSE(files::exists(dir.path("out.h5")));
   EXPECT_FALSE(files::exists(dir.path("out.h5.tmp")));
 }
@@ -104,6 +112,10 @@ TEST(Corpus, UnreadableFilesNameTheFile) {
   expect_error([&] { CorpusReader reader(dir.path("text.h5")); }, ExitCode::kData,
                {"text.h5", "not an HDF5 file"});
   expect_error([&] { CorpusReader reader(dir.path("none.h5")); }, ExitCode::kData, {"none.h5"});
+  // An HDF5 signature and nothing after it: a copy cut short.
+  dir.write("cut.h5", std::string("\x89HDF\r\n\x1a\n", 8) + std::string(40, '\0'));
+  expect_error([&] { CorpusReader reader(dir.path("cut.h5")); }, ExitCode::kData,
+               {"cut.h5", "not a readable HDF5 file (truncated or damaged?)"});
 }
 
 TEST(Sampler, EpochPermutationIsADeterministicPermutation) {
