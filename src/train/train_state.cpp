@@ -36,27 +36,19 @@ std::string parameter_digest(const NamedTensors& params) {
 
 torch::Tensor default_generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
-// A checkpoint directory holding checkpoints but no `latest` (written by hand, or a crash between
-// the first checkpoint's rename and its `latest`): ckpt.resume = auto does not resume from them.
-// Its saves would replace those of the steps it reaches, so with any of those the run does not
-// start; with only later ones it starts afresh beside them, which retention leaves alone.
-void check_checkpoints_without_latest(const std::string& dir, int64_t steps) {
-  std::string newest, newest_reached;  // step_NNNNNNNN.h5 sorts by step
-  for (const std::string& name : files::directory_entries(dir)) {
-    const int64_t step = step_of_checkpoint_file(name);  // -1 for other names
-    if (step < 0) continue;
-    newest = std::max(newest, name);
-    if (step <= steps) newest_reached = std::max(newest_reached, name);
-  }
-  if (!newest_reached.empty())
-    throw config_error("ckpt.resume", "auto",
-                       dir + " holds checkpoints (the newest " + newest + ") but no `latest`, and this run's own "
-                       "checkpoints would replace those up to step " + std::to_string(steps) + " (" + newest_reached +
-                       " among them): set ckpt.resume to one of them to continue from it, to none to start afresh "
-                       "over them, or use another ckpt.dir");
-  if (!newest.empty())
-    log::warning("ckpt.dir = ", dir, " holds checkpoints (the newest ", newest, ") but no `latest`: starting afresh "
-                 "beside them; set ckpt.resume to one of them to continue from it");
+// ckpt.resume = auto in a checkpoint directory holding checkpoints but no `latest` (copied there,
+// or left by a crash between a run's first checkpoint and its `latest`): the newest of them, as
+// torchtitan resumes from its newest step folder. A file named step_N.h5 is complete: a save
+// writes NAME.tmp and renames it only once every rank's data and the checksums are in. (Starting
+// afresh instead would let this run's saves replace them.) "" when there is none.
+std::string newest_checkpoint_without_latest(const std::string& dir) {
+  std::string newest;  // step_NNNNNNNN.h5 sorts by step
+  for (const std::string& name : files::directory_entries(dir))
+    if (step_of_checkpoint_file(name) >= 0) newest = std::max(newest, name);
+  if (newest.empty()) return "";
+  log::warning("ckpt.dir = ", dir, " holds checkpoints but no `latest`: resuming from the newest, ", newest,
+               " (ckpt.resume = none would start afresh, its checkpoints replacing those of the same steps)");
+  return dir + "/" + newest;
 }
 
 }  // namespace
@@ -73,8 +65,7 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
-    if (resume.empty() && config.ckpt.resume == "auto")
-      check_checkpoints_without_latest(config.ckpt.dir, config.loop.steps);
+    if (resume.empty() && config.ckpt.resume == "auto") resume = newest_checkpoint_without_latest(config.ckpt.dir);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });

@@ -175,29 +175,21 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreClearErrors) {
   EXPECT_EQ(resume.exit_code, 4) << resume.output;
   EXPECT_NE(resume.output.find("exp_avg: the data do not match the checksum"), std::string::npos) << resume.output;
 
-  // Checkpoints without `latest` are not resumed from (ckpt.resume = auto follows `latest`
-  // alone). Beyond the run's last step, the run says that it starts afresh beside them; up to it,
-  // where its own saves would replace them, it does not start, and they stay as they were.
+  // Checkpoints without `latest` (a crash between a run's first checkpoint and its `latest`, or
+  // files copied in): ckpt.resume = auto resumes from the newest, which the run leaves as it was.
   const std::string orphaned = scratch_dir("ckpt-without-latest");
   std::string why;
   ASSERT_TRUE(dstrain::files::make_directories(orphaned + "/checkpoints", &why)) << why;
   std::ofstream(checkpoint(orphaned, 5), std::ios::binary) << read_text(good);
-  RunOutput afresh = train(1, 1, orphaned, {"--train.steps", "2"});
-  EXPECT_EQ(afresh.exit_code, 0) << afresh.output;
-  EXPECT_NE(afresh.output.find("holds checkpoints (the newest step_00000005.h5) but no `latest`: starting afresh"),
-            std::string::npos) << afresh.output;
-  const std::string reached = scratch_dir("ckpt-without-latest-reached");
-  ASSERT_TRUE(dstrain::files::make_directories(reached + "/checkpoints", &why)) << why;
-  std::ofstream(checkpoint(reached, 5), std::ios::binary) << read_text(good);
-  RunOutput over = train(1, 1, reached, {"--train.steps", "6"});
-  EXPECT_EQ(over.exit_code, 2) << over.output;
-  EXPECT_NE(over.output.find("but no `latest`, and this run's own checkpoints would replace those up to step 6 "
-                             "(step_00000005.h5 among them)"),
-            std::string::npos) << over.output;
-  EXPECT_EQ(read_text(checkpoint(reached, 5)), read_text(good));
-  RunOutput continued = train(1, 1, reached, {"--train.steps", "6", "--ckpt.resume", checkpoint(reached, 5)});
-  EXPECT_EQ(continued.exit_code, 0) << continued.output;
-  EXPECT_NE(continued.output.find("resuming from " + checkpoint(reached, 5)), std::string::npos) << continued.output;
+  std::ofstream(checkpoint(orphaned, 3), std::ios::binary) << "an older one, never read";
+  RunOutput adopted = train(1, 1, orphaned, {"--train.steps", "6"});
+  EXPECT_EQ(adopted.exit_code, 0) << adopted.output;
+  EXPECT_NE(adopted.output.find("holds checkpoints but no `latest`: resuming from the newest, step_00000005.h5"),
+            std::string::npos) << adopted.output;
+  EXPECT_NE(adopted.output.find("resuming from " + checkpoint(orphaned, 5)), std::string::npos) << adopted.output;
+  EXPECT_EQ(read_json(orphaned + "/summary.json")["start_step"], 5);
+  EXPECT_EQ(latest_of(orphaned), "step_00000006.h5");
+  EXPECT_EQ(read_text(checkpoint(orphaned, 5)), read_text(good));
 
   // The trainer's attributes have a checksum too: a step changed from 5 to 3 would resume the
   // data order two steps back.
