@@ -261,10 +261,13 @@ TrainResult Trainer::run() {
 void Trainer::complete_save_in_flight() {
   try {
     state_->finish();
-  } catch (const Error& failed) {
+  } catch (const std::exception& failed) {
     // This rank's write failed; the error that stops the run stays the numerical one.
     log::error(failed.what());
   }
+  // Rank 0 renames the file and moves `latest` after the others are done with the save: they wait
+  // for it here, since the error then ends the job (MPI_Abort) wherever rank 0 is.
+  parallel_.world->barrier();
 }
 
 TrainResult Trainer::run_steps() {
