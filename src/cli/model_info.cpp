@@ -103,11 +103,12 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
 }  // namespace
 
 int model_command(const std::vector<std::string>& args_given) {
+  auto is_help = [](const std::string& arg) { return arg == "--help" || arg == "-h"; };
   if (args_given.empty() || args_given[0] != "info" ||
-      std::find(args_given.begin(), args_given.end(), "--help") != args_given.end()) {
+      std::find_if(args_given.begin(), args_given.end(), is_help) != args_given.end()) {
     std::cout << kUsage;
     // Help asked for is an answer; no subcommand, or another, a usage error (as `dstrain` alone).
-    return !args_given.empty() && (args_given[0] == "info" || args_given[0] == "--help") ? 0 : 2;
+    return !args_given.empty() && (args_given[0] == "info" || is_help(args_given[0])) ? 0 : 2;
   }
   bool json = false;
   int ranks = 0;  // not given

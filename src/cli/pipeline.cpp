@@ -72,13 +72,13 @@ int pipeline_command(const std::vector<std::string>& args) {
       "weight-cost", po::value<double>(&costs.weight)->default_value(1.0),
       "... of which the weights' gradients (W; zb-h1, zbv, dualpipev)")(
       "transfer-cost", po::value<double>(&costs.transfer)->default_value(0.0), "time of one group of point-to-point transfers");
-  const bool help = args.empty() || args[0] != "simulate" ||
-                    std::find(args.begin(), args.end(), "--help") != args.end();
+  auto is_help = [](const std::string& arg) { return arg == "--help" || arg == "-h"; };
+  const bool help = args.empty() || args[0] != "simulate" || std::find_if(args.begin(), args.end(), is_help) != args.end();
   if (help) {
     std::cout << "usage: dstrain pipeline simulate --pp P --microbatches M [--schedule S] [--virtual-stages V]\n\n"
               << description;
     // Help asked for is an answer; no subcommand, or another, a usage error (as `dstrain` alone).
-    return !args.empty() && (args[0] == "simulate" || args[0] == "--help") ? 0 : 2;
+    return !args.empty() && (args[0] == "simulate" || is_help(args[0])) ? 0 : 2;
   }
   po::variables_map given;
   parse_command_options(std::vector<std::string>(args.begin() + 1, args.end()), description, &given,

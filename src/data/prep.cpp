@@ -291,7 +291,7 @@ void join_parts(const PrepOptions& options, const Tokenizer& tokenizer, const st
   if (period > 0 && valid_docs.empty())
     throw data_error("the validation split would be empty: " + std::to_string(train_docs.size()) +
                      " document(s) with --valid-fraction " + fraction + " (give " +
-                     (options.valid_fraction < 0.5 ? "a larger fraction or " : "") +
+                     (options.valid_fraction < 0.5 && train_docs.size() >= 2 ? "a larger fraction or " : "") +
                      "more documents, or --valid-fraction 0 for none)");
   if (options.shuffle) {
     shuffle_documents(&train_docs, options.seed, 0);

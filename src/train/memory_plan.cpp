@@ -44,7 +44,7 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_atte
 // weight gradients (zero-bubble schedules). The simulator counts (micro-batch, chunk) pairs; a
 // stage's chunks are taken as equal, each a 1/v share of a micro-batch on the stage. GPipe keeps
 // every micro-batch on every stage, 1F1B's stage s keeps pp − s, so that the last stage, where
-// the multi-token prediction modules sit unrecomputed, keeps one.
+// the head and the multi-token prediction modules sit, keeps one.
 // Each state also says its moment (ActivationMemoryOptions: what is made then besides).
 std::vector<std::vector<ActivationMemoryOptions>> micro_batches_held(const Schedule& schedule,
                                                                      const ActivationMemoryOptions& options) {

@@ -239,8 +239,9 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
     EXPECT_EQ(bare.exit_code, 2) << command << ":\n" << bare.output;
     EXPECT_NE(bare.output.find(subcommand), std::string::npos) << command << ":\n" << bare.output;
   }
-  for (const std::vector<std::string>& help : {std::vector<std::string>{"model", "info", "--help"},
-                                               std::vector<std::string>{"pipeline", "simulate", "--help"}}) {
+  for (const std::vector<std::string>& help :
+       {std::vector<std::string>{"model", "info", "--help"}, std::vector<std::string>{"model", "-h"},
+        std::vector<std::string>{"pipeline", "simulate", "--help"}, std::vector<std::string>{"pipeline", "-h"}}) {
     RunOutput asked = run_dstrain(0, help);
     EXPECT_EQ(asked.exit_code, 0) << help[0] << ":\n" << asked.output;
   }

@@ -102,6 +102,9 @@ TEST(Prep, BadInputsGiveClearErrorsAndLeaveNoCorpus) {
   options.valid_fraction = 0.5;
   expect_error([&] { run_prep(options); }, ExitCode::kData,
                {"1 document(s) with --valid-fraction 0.5 (give more documents, or --valid-fraction 0 for none)"});
+  options.valid_fraction = 0.3;  // nor would a larger one help a single document
+  expect_error([&] { run_prep(options); }, ExitCode::kData,
+               {"1 document(s) with --valid-fraction 0.3 (give more documents, or --valid-fraction 0 for none)"});
   EXPECT_FALSE(files::exists(dir.path("out.h5")));
   EXPECT_FALSE(files::exists(dir.path("out.h5.tmp")));
 }

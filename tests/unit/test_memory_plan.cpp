@@ -134,6 +134,27 @@ TEST(MemoryPlan, TheEmbeddingsGradientComesAsABackwardPassEnds) {
                    tokens * 264 * 2 + embedding_gradient);
 }
 
+// Full recomputation reruns the MTP module's layer too, which counts after the chunk's last one:
+// with recompute_layers = 3 (tiny-v3's three layers) it keeps all it keeps without recomputation,
+// with 0 (all) only its input, 32 per token. (At the end of a forward pass: no rerun then.)
+TEST(MemoryPlan, TheMtpModulesLayerIsRecomputedAfterTheChunksLast) {
+  const TrainConfig c = tiny_v3(1, 1, 0, {"--train.recompute", "full"});
+  ActivationMemoryOptions o;
+  o.micro_batch = c.loop.micro_batch;
+  o.seq_len = c.loop.seq_len;
+  o.element_bytes = 2;
+  o.forward_ended = true;
+  o.backward_starting = o.backward_ended = false;
+  auto planned = [&](int64_t layers) {
+    o.recompute = {Recompute::kFull, layers};
+    return step_activation_bytes(c.model, {LayerSlice::whole(c.model)}, o);
+  };
+  const double tokens = static_cast<double>(c.loop.micro_batch * c.loop.seq_len);
+  ActivationMemoryOptions kept_whole = o;
+  kept_whole.recompute = {};
+  EXPECT_DOUBLE_EQ(planned(3) - planned(0), (layer_activation_elements(c.model, 3, kept_whole) - 32) * tokens * 2);
+}
+
 // What a split backward pass leaves for W, per token, by hand for tiny-v3.ini (hidden 32, 4 heads,
 // q_lora 24, kv_lora 16, qk 8 + 4 rope, v 8; FFN 64; experts 16 wide, 2 per token, 1 shared):
 // MLA: the normalised input 32 (q_a's and kv_a's), q_a's gradient and q_b's input 2 × 24, q_b's
