@@ -11,6 +11,7 @@
 #include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
+#include "dstrain/core/log.h"
 
 namespace dstrain {
 namespace {
@@ -37,16 +38,34 @@ std::string latest_in(const std::string& dir) {
   return path;
 }
 
+// The newest checkpoint file in `dir`, its name; "" when there is none.
+std::string newest_checkpoint_file(const std::string& dir) {
+  std::string newest;  // step_NNNNNNNN.h5 sorts by step
+  for (const std::string& name : files::directory_entries(dir))
+    if (step_of_checkpoint_file(name) >= 0) newest = std::max(newest, name);
+  return newest;
+}
+
+// ckpt.resume = auto in a checkpoint directory holding checkpoints but no `latest` (copied there,
+// or left by a crash between a run's first checkpoint and its `latest`): the newest of them, as
+// torchtitan resumes from its newest step folder. A file named step_N.h5 is complete: a save
+// writes NAME.tmp and renames it only once every rank's data and the checksums are in. (Starting
+// afresh instead would let the run's saves replace them.)
+std::string newest_without_latest(const std::string& dir) {
+  const std::string newest = newest_checkpoint_file(dir);
+  if (newest.empty()) return "";
+  log::warning("ckpt.dir = ", dir, " holds checkpoints but no `latest`: resuming from the newest, ", newest,
+               " (ckpt.resume = none would start afresh, its checkpoints replacing those of the same steps)");
+  return dir + "/" + newest;
+}
+
 }  // namespace
 
 std::string resolve_checkpoint(const std::string& path, const std::string& key) {
   if (files::exists(path + "/latest")) return latest_in(path);
   if (files::is_regular_file(path)) return path;
   if (!files::is_directory(path)) throw Error(kCode, key + " = " + path + ": no such checkpoint file");
-  std::string newest;  // step_NNNNNNNN.h5 sorts by step
-  for (const std::string& name : files::directory_entries(path))
-    if (name.size() == 16 && name.compare(0, 5, "step_") == 0 && name.compare(13, 3, ".h5") == 0 && name > newest)
-      newest = name;
+  const std::string newest = newest_checkpoint_file(path);
   if (newest.empty()) throw Error(kCode, key + " = " + path + ": a directory without a checkpoint (no `latest` file in it)");
   throw Error(kCode, key + " = " + path + ": holds checkpoints but no `latest` to choose one; give one of them, " +
                          "the newest being " + path + "/" + newest);
@@ -54,7 +73,7 @@ std::string resolve_checkpoint(const std::string& path, const std::string& key) 
 
 std::string resolve_resume(const std::string& resume, const std::string& dir) {
   if (resume == "none") return "";
-  if (resume == "auto") return files::exists(dir + "/latest") ? latest_in(dir) : "";
+  if (resume == "auto") return files::exists(dir + "/latest") ? latest_in(dir) : newest_without_latest(dir);
   return resolve_checkpoint(resume, "ckpt.resume");
 }
 

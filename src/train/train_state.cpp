@@ -2,7 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -36,21 +35,6 @@ std::string parameter_digest(const NamedTensors& params) {
 
 torch::Tensor default_generator_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
-// ckpt.resume = auto in a checkpoint directory holding checkpoints but no `latest` (copied there,
-// or left by a crash between a run's first checkpoint and its `latest`): the newest of them, as
-// torchtitan resumes from its newest step folder. A file named step_N.h5 is complete: a save
-// writes NAME.tmp and renames it only once every rank's data and the checksums are in. (Starting
-// afresh instead would let this run's saves replace them.) "" when there is none.
-std::string newest_checkpoint_without_latest(const std::string& dir) {
-  std::string newest;  // step_NNNNNNNN.h5 sorts by step
-  for (const std::string& name : files::directory_entries(dir))
-    if (step_of_checkpoint_file(name) >= 0) newest = std::max(newest, name);
-  if (newest.empty()) return "";
-  log::warning("ckpt.dir = ", dir, " holds checkpoints but no `latest`: resuming from the newest, ", newest,
-               " (ckpt.resume = none would start afresh, its checkpoints replacing those of the same steps)");
-  return dir + "/" + newest;
-}
-
 }  // namespace
 
 std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std::string>& made) {
@@ -65,7 +49,6 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
-    if (resume.empty() && config.ckpt.resume == "auto") resume = newest_checkpoint_without_latest(config.ckpt.dir);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });
