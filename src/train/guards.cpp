@@ -8,6 +8,7 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/text.h"
 #include "dstrain/train/signals.h"
 
 namespace dstrain {
@@ -47,9 +48,7 @@ void StepGuards::check_steps(int64_t step) {
   parallel_.pp_group->synchronize();
   parallel_.dp_group->synchronize();
   const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
-  const int64_t first = last_checked_step_ + 1;
-  const std::string steps_text = first == step ? "step " + std::to_string(step)
-                                               : "steps " + std::to_string(first) + "-" + std::to_string(step);
+  const std::string steps_text = step_range_text(last_checked_step_ + 1, step);
   if (!loss_scaler_ && nonfinite > 0 && config_.optim.skip_nonfinite) {
     log::warning(steps_text, ": ", nonfinite, " step(s) with a non-finite gradient norm skipped (optim.nonfinite = skip)");
     nonfinite_steps_.zero_();

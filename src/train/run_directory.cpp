@@ -5,6 +5,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/text.h"
 #include "dstrain/train/metrics.h"
 #include "dstrain/train/tensorboard.h"
 
@@ -39,12 +40,10 @@ void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, co
                        const AdamW& optimizer, const TrainResult& result, bool evaluated, double seconds) {
   const uint64_t tokens = static_cast<uint64_t>(result.consumed_samples) * static_cast<uint64_t>(c.loop.seq_len);
   // After a resume, the time is this process's steps', the tokens the whole run's.
-  const int64_t first = result.start_step + 1;
-  const std::string steps =
-      result.start_step == 0 ? std::to_string(c.loop.steps) + " steps"
-      : (first == c.loop.steps ? "step " + std::to_string(first)
-                               : "steps " + std::to_string(first) + "-" + std::to_string(c.loop.steps)) +
-            " (resumed after step " + std::to_string(result.start_step) + ")";
+  const std::string steps = result.start_step == 0
+                                ? std::to_string(c.loop.steps) + " steps"
+                                : step_range_text(result.start_step + 1, c.loop.steps) + " (resumed after step " +
+                                      std::to_string(result.start_step) + ")";
   log::info("done: ", steps, " in ", format_duration(seconds), ", ", with_commas(static_cast<double>(tokens)),
             result.start_step == 0 ? " tokens" : " tokens since step 0", " (", with_commas(result.tokens_per_s),
             " tok/s after warm-up); final loss ", result.final_loss,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -22,6 +23,11 @@ inline std::string format_bytes(double bytes) {
   char text[32];
   std::snprintf(text, sizeof text, bytes == std::floor(bytes) ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
   return text;
+}
+
+// "step 6", or "steps 6-10": the steps first..last that a message speaks of.
+inline std::string step_range_text(int64_t first, int64_t last) {
+  return first == last ? "step " + std::to_string(first) : "steps " + std::to_string(first) + "-" + std::to_string(last);
 }
 
 }  // namespace dstrain
