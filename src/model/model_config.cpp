@@ -130,6 +130,13 @@ ModelConfig read_model_config(const Options& o) {
     if (c.n_group < 1 || c.n_routed_experts % c.n_group != 0)
       throw config_error("model.n_group", std::to_string(c.n_group),
                          "must divide model.n_routed_experts = " + std::to_string(c.n_routed_experts));
+    // V3's noaux_tc ranks a group by the sum of its two best scores.
+    if (c.topk_method == "noaux_tc" && c.n_group > 1 && c.n_routed_experts / c.n_group < 2)
+      throw config_error("model.n_group", std::to_string(c.n_group),
+                         "model.topk_method = noaux_tc ranks each group by its two best experts, and " +
+                             std::to_string(c.n_routed_experts) + " routed experts in " + std::to_string(c.n_group) +
+                             " groups leave one a group; at most " + std::to_string(c.n_routed_experts / 2) +
+                             " groups");
     if (c.topk_group < 1 || c.topk_group > c.n_group ||
         c.topk_group * (c.n_routed_experts / c.n_group) < c.num_experts_per_tok)
       throw config_error("model.topk_group", std::to_string(c.topk_group),

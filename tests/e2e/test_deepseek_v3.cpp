@@ -137,6 +137,13 @@ TEST(ModelInfo, ReportsCountsFlopsAndMemoryPerRank) {
   RunOutput bad = run_dstrain(0, {"model", "info", "--config", v3, "--model.n_group", "7"});
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("model.n_group = 7: must divide model.n_routed_experts = 256"), std::string::npos) << bad.output;
+  // noaux_tc scores a group by its two best experts: groups of one are refused before any step.
+  RunOutput single = run_dstrain(0, {"model", "info", "--config", v3, "--model.n_group", "256"});
+  EXPECT_EQ(single.exit_code, 2) << single.output;
+  EXPECT_NE(single.output.find("model.n_group = 256: model.topk_method = noaux_tc ranks each group by its two best "
+                               "experts, and 256 routed experts in 256 groups leave one a group; at most 128 groups"),
+            std::string::npos)
+      << single.output;
 }
 
 // Every configuration shipped under input/ is planned as it is: no --ranks (the fewest its layout
