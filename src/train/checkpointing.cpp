@@ -40,6 +40,37 @@ CheckpointContents model_and_optimizer_contents(const NamedTensors& params, cons
   return contents;
 }
 
+// The model settings besides model_shape's that fix which tensors a model has, or their shapes:
+// a run that reads another's would drop tensors the checkpoint has (an MTP module, the balancing
+// bias) or fail on a shape.
+const std::vector<std::string> kModelTensorKeys = {
+    "model.kv_lora_rank",          "model.q_lora_rank",        "model.qk_nope_head_dim",
+    "model.qk_rope_head_dim",      "model.v_head_dim",         "model.n_routed_experts",
+    "model.n_shared_experts",      "model.moe_intermediate_size", "model.first_k_dense_replace",
+    "model.moe_layer_freq",        "model.topk_method",        "model.num_nextn_predict_layers"};
+// Those that change what the same tensors compute: position encoding, norms, routing. Changing
+// one may be meant (a longer context's RoPE scaling, say), so a resumed run warns.
+const std::vector<std::string> kModelFunctionKeys = {
+    "model.rope_theta",          "model.rope_interleave",     "model.rms_norm_eps",
+    "model.rope_scaling_factor", "model.rope_mscale_all_dim", "model.rope_mscale",
+    "model.rope_original_max_seq_len", "model.rope_beta_fast", "model.rope_beta_slow",
+    "model.num_experts_per_tok", "model.scoring_func",       "model.n_group",
+    "model.topk_group",          "model.norm_topk_prob",     "model.routed_scaling_factor"};
+
+// "KEY = A there, B here; ..." for the `keys` whose values differ between a checkpoint's
+// configuration and the run's; a key either lacks (a checkpoint older than the setting) is not
+// compared.
+std::string differences(const std::map<std::string, std::string>& theirs, const std::map<std::string, std::string>& ours,
+                        const std::vector<std::string>& keys) {
+  std::string text;
+  for (const std::string& key : keys) {
+    const auto there = theirs.find(key), here = ours.find(key);
+    if (there == theirs.end() || here == ours.end() || there->second == here->second) continue;
+    text += (text.empty() ? "" : "; ") + key + " = " + there->second + " there, " + here->second + " here";
+  }
+  return text;
+}
+
 }  // namespace
 
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads) {
@@ -69,16 +100,21 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
   if (!has_optimizer_state(reader))
     throw Error(kCode, path + ": model weights without optimizer state (an import, or a run's final_model.h5): a run "
                        "cannot continue it; start one from its weights with ckpt.load_weights = " + path);
-  const std::string other_model = model_shape_difference(s.model_shape, expected.model_shape);
-  if (!other_model.empty()) throw Error(kCode, path + ": a checkpoint of another model: " + other_model);
-  if (s.corpus_checksum != expected.corpus_fingerprint)
-    throw Error(kCode, "data.train = " + expected.corpus_path + ": not the corpus " + path + " trained on (" +
-                           s.corpus_path + ", fingerprint " + s.corpus_checksum + "; this one's is " +
-                           expected.corpus_fingerprint + "); resume with that corpus, or set ckpt.resume = none");
   // Settings of the checkpoint's configuration that a resumed run should keep (checkpoints
   // written before a setting existed do not have it: nothing to compare).
   const std::map<std::string, std::string> theirs = checkpoint_config_values(s.config),
                                            ours = checkpoint_config_values(expected.config);
+  std::string other_model = model_shape_difference(s.model_shape, expected.model_shape);
+  if (other_model.empty()) other_model = differences(theirs, ours, kModelTensorKeys);
+  if (!other_model.empty()) throw Error(kCode, path + ": a checkpoint of another model: " + other_model);
+  const std::string other_function = differences(theirs, ours, kModelFunctionKeys);
+  if (!other_function.empty())
+    log::warning("the model computes otherwise than the one ", path, " was trained with (", other_function,
+                 "): its weights are read as they are");
+  if (s.corpus_checksum != expected.corpus_fingerprint)
+    throw Error(kCode, "data.train = " + expected.corpus_path + ": not the corpus " + path + " trained on (" +
+                           s.corpus_path + ", fingerprint " + s.corpus_checksum + "; this one's is " +
+                           expected.corpus_fingerprint + "); resume with that corpus, or set ckpt.resume = none");
   // The data position is the number of samples consumed, so another global batch (a ramp-up's
   // next stage, say) continues from where the checkpoint's run was.
   if (s.global_batch != expected.global_batch)
@@ -96,11 +132,8 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
     throw config_error("run.seed", ours.at("run.seed"),
                        path + " was trained with seed " + theirs.at("run.seed") + "; resume with --run.seed " +
                            theirs.at("run.seed") + " (the data order depends on it)");
-  std::string schedule_changes;
-  for (const char* key : {"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps"})
-    if (changed(key))
-      schedule_changes += std::string(schedule_changes.empty() ? "" : "; ") + key + " = " + theirs.at(key) +
-                          " there, " + ours.at(key) + " here";
+  const std::string schedule_changes =
+      differences(theirs, ours, {"optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps"});
   if (!schedule_changes.empty() && s.step < expected.steps)
     log::warning("the learning-rate schedule differs from the one ", path, " was trained with (", schedule_changes,
                  "): the run continues on its own schedule from step ", s.step + 1,

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <regex>
 
@@ -86,6 +87,32 @@ TEST(DeepSeekV3, ResumesBitwiseWithItsBalancingBias) {
   RunOutput run = train_v3(1, dir, {"--ckpt.resume", single_rank() + "/checkpoints/step_00000010.h5"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(read_json(dir + "/summary.json")["param_digest"], read_json(single_rank() + "/summary.json")["param_digest"]);
+}
+
+// A resumed run keeps the checkpoint's model. Settings that add or drop tensors (an MTP module,
+// the balancing bias of noaux_tc) make another model, refused before a step; those that change
+// what the same tensors compute are said, and the run goes on.
+TEST(DeepSeekV3, ResumeRefusesAnotherModelAndSaysWhatComputesOtherwise) {
+  const std::string checkpoint = single_rank() + "/checkpoints/step_00000010.h5";
+  for (const auto& [key, value, difference] :
+       std::vector<std::array<std::string, 3>>{{"num_nextn_predict_layers", "0", "1 there, 0 here"},
+                                               {"topk_method", "group_limited_greedy",
+                                                "noaux_tc there, group_limited_greedy here"}}) {
+    RunOutput other = train_v3(1, scratch_dir("v3-other-" + key), {"--ckpt.resume", checkpoint, "--model." + key, value});
+    EXPECT_EQ(other.exit_code, 4) << other.output;
+    EXPECT_NE(other.output.find(checkpoint + ": a checkpoint of another model: model." + key + " = " + difference),
+              std::string::npos)
+        << other.output;
+  }
+  // At train.steps already: nothing to train, the check alone.
+  RunOutput rope = train_v3(1, scratch_dir("v3-other-rope"),
+                            {"--ckpt.resume", checkpoint, "--model.rope_interleave", "false", "--train.steps", "10"});
+  EXPECT_EQ(rope.exit_code, 0) << rope.output;
+  EXPECT_NE(rope.output.find("the model computes otherwise than the one " + checkpoint +
+                             " was trained with (model.rope_interleave = true there, false here): its weights are "
+                             "read as they are"),
+            std::string::npos)
+      << rope.output;
 }
 
 // bf16: the balancing bias stays fp32 (its 1e-3 steps would round away in bf16 above 0.5), and a

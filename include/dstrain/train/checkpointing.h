@@ -30,10 +30,11 @@ struct ResumeExpectations {
   std::string config;  // the run's effective configuration (INI)
   int64_t steps = 0;   // train.steps: from a checkpoint at or past it, no step follows
 };
-// Throws Error(kCheckpoint) naming what differs: another model, another corpus; Error(kUsage)
-// for a global batch, sequence length or seed that would change the data order. Warns when the
-// learning-rate schedule differs (a longer train.steps moves the end of the decay, say) and steps
-// follow: the run goes on with its own.
+// Throws Error(kCheckpoint) naming what differs: another model (other shapes, or other tensors:
+// an MTP module or the balancing bias more or fewer), another corpus; Error(kUsage) for a global
+// batch, sequence length or seed that would change the data order. Warns when what the same
+// tensors compute differs (RoPE, norms, routing), and when the learning-rate schedule differs (a
+// longer train.steps moves the end of the decay, say) and steps follow: the run goes on with its own.
 void check_resumable(const CheckpointReader& reader, const ResumeExpectations& expected);
 
 // Copies this rank's masters (or parameters), moments and step count from the checkpoint into
