@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <utility>
 
 #include "dstrain/core/config.h"
 #include "dstrain/core/error.h"
@@ -22,6 +24,26 @@ std::string format_number(double value) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", value);
   return text;
+}
+
+// f(), with the training keys that the schedule's checks name in their errors given as the flags
+// of this command, which is what its user typed.
+template <typename Function>
+auto in_flag_terms(Function f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    std::string text = e.what();
+    const std::string aside = " (train.grad_accum is the number of micro-batches)";  // what --microbatches says
+    if (const size_t at = text.find(aside); at != std::string::npos) text.erase(at, aside.size());
+    for (const auto& [key, flag] : {std::pair<std::string, std::string>{"parallel.schedule", "--schedule"},
+                                    {"parallel.virtual_stages", "--virtual-stages"},
+                                    {"parallel.pp", "--pp"},
+                                    {"train.grad_accum", "--microbatches"}})
+      for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + flag.size()))
+        text.replace(at, key.size(), flag);
+    throw Error(e.code(), text);
+  }
 }
 
 // What the schedule's paper says, beside what the simulation gives: GPipe's and 1F1B's fraction,
@@ -85,11 +107,15 @@ int pipeline_command(const std::vector<std::string>& args) {
                         "pipeline simulate");
   if (pp < 1) throw config_error("--pp", std::to_string(pp), "expected at least 1");
   if (microbatches < 1) throw config_error("--microbatches", std::to_string(microbatches), "expected at least 1");
-  if (!(costs.forward > 0) || !(costs.backward > 0) || costs.transfer < 0)
-    throw config_error("--forward-cost/--backward-cost/--transfer-cost", "", "expected positive costs");
-  const ScheduleKind kind = schedule_kind_named(schedule_name_given);
+  if (!(costs.forward > 0)) throw config_error("--forward-cost", format_number(costs.forward), "expected more than 0");
+  if (!(costs.backward > 0)) throw config_error("--backward-cost", format_number(costs.backward), "expected more than 0");
+  if (!(costs.transfer >= 0)) throw config_error("--transfer-cost", format_number(costs.transfer), "expected at least 0");
+  const ScheduleKind kind = in_flag_terms([&] { return schedule_kind_named(schedule_name_given); });
   if (virtual_stages == 0) virtual_stages = default_virtual_stages(kind);
-  check_schedule(kind, pp, virtual_stages, microbatches);
+  in_flag_terms([&] {
+    check_schedule(kind, pp, virtual_stages, microbatches);
+    return 0;
+  });
 
   const Schedule schedule = make_schedule(kind, pp, virtual_stages, microbatches);
   // Only the schedules that split the backward pass have a weight-gradient part to cost.

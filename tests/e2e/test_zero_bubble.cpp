@@ -1,10 +1,14 @@
 // The zero-bubble schedules (zb-h1, zbv, dualpipev) end to end on a DeepSeek-V3-shaped model:
 // every layout trains what one rank trains (losses, MTP and balance losses, final parameters by
 // name), and a checkpoint of one schedule resumes under another. (The dense model's layouts are
-// with the other schedules' in test_pipeline.cpp.)
+// with the other schedules' in test_pipeline.cpp.) And `dstrain pipeline simulate`, which draws them.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "dstrain/ckpt/parameter_file.h"
 #include "e2e_util.h"
@@ -158,5 +162,31 @@ TEST(ZeroBubble, DualPipeVPairsSideBySideTrainTheSameBitsAndHideExchanges) {
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(x[i].first, y[i].first);
     EXPECT_TRUE(x[i].second.equal(y[i].second)) << x[i].first;
+  }
+}
+
+// `dstrain pipeline simulate` draws a schedule and gives its bubble beside the paper's: ZB-H1 on 2
+// stages, 4 micro-batches of F = 1, B = 2 of which W = 1, is busy 4 × (F + B) = 12 per stage and
+// idle (p − 1)(F + B − W) = 1 (Qi et al.), so the bubble is 1 / 13. Bad values name this
+// command's own flags, not the training keys the schedule's checks speak of.
+TEST(ZeroBubble, SimulateGivesThePublishedBubbleAndNamesItsOwnFlags) {
+  RunOutput drawn = run_dstrain(0, {"pipeline", "simulate", "--pp", "2", "--microbatches", "4", "--schedule", "zb-h1"});
+  EXPECT_EQ(drawn.exit_code, 0) << drawn.output;
+  EXPECT_NE(drawn.output.find("step time 13.00; bubble fraction 0.0769"), std::string::npos) << drawn.output;
+  EXPECT_NE(drawn.output.find("(p - 1)(F + B - W) = 1.00 idle"), std::string::npos) << drawn.output;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--forward-cost", "-1"}, "--forward-cost = -1: expected more than 0"},
+      {{"--backward-cost", "0"}, "--backward-cost = 0: expected more than 0"},
+      {{"--transfer-cost", "-2"}, "--transfer-cost = -2: expected at least 0"},
+      {{"--schedule", "dualpipev", "--pp", "4"}, "--microbatches = 4: the dualpipev schedule needs at least 2 × --pp = 8 micro-batches\n"},
+      {{"--schedule", "zbv", "--virtual-stages", "3"}, "--virtual-stages = 3: the zbv schedule runs two chunks per stage"},
+  };
+  for (const auto& [extra, message] : bad) {
+    std::vector<std::string> args = {"pipeline", "simulate", "--microbatches", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    if (std::find(extra.begin(), extra.end(), "--pp") == extra.end()) args.insert(args.end(), {"--pp", "2"});
+    RunOutput run = run_dstrain(0, args);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find("error: " + message), std::string::npos) << run.output;
   }
 }
