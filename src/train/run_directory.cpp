@@ -61,8 +61,10 @@ void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, co
                             {"layout",
                              {{"dp", parallel.grid.dp()},
                               {"pp", parallel.grid.pp()},
+                              {"ep", c.parallel.ep},
                               {"schedule", c.parallel.schedule},
-                              {"virtual_stages", c.parallel.virtual_stages}}}};
+                              {"virtual_stages", c.parallel.virtual_stages},
+                              {"zero", c.optim.zero}}}};
   summary["optimizer_state_bytes"] = optimizer.state_bytes();  // rank 0's
   if (evaluated) summary["final_eval_loss"] = result.final_eval_loss;
   if (result.mfu > 0) summary["mfu"] = result.mfu;

@@ -128,6 +128,7 @@ TEST(ExpertParallel, CheckpointsResumeOnAnyLayout) {
   run = train_v3(4, again, {"--parallel.ep", "4", "--ckpt.resume", middle});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(read_json(again + "/summary.json")["param_digest"], read_json(ep4 + "/summary.json")["param_digest"]);
+  EXPECT_EQ(read_json(again + "/summary.json")["layout"]["ep"], 4);
 
   const std::vector<std::pair<int, std::vector<std::string>>> others = {
       {4, {"--parallel.ep", "2", "--parallel.pp", "2"}}, {1, {}}};
