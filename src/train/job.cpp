@@ -47,4 +47,10 @@ void abort_job(const Error& error) {
   std::abort();  // MPI_Abort does not return
 }
 
+void end_agreed(const Job& job, const AgreedError& error) {
+  if (job.world_rank == 0) log::error(error.what());
+  if (job.world_size > 1) job.parallel->world->barrier();
+  throw Error(error.code(), "");
+}
+
 }  // namespace dstrain

@@ -253,8 +253,9 @@ TrainResult Trainer::run() {
     // Every rank stops on a numerical error at the same point, since the guards decide from
     // values reduced over all ranks. The save in flight began from a step checked finite: it
     // completes, so that a resume loses none of the steps before it.
-    if (e.code() == ExitCode::kNumerical) complete_save_in_flight();
-    throw;
+    if (e.code() != ExitCode::kNumerical) throw;
+    complete_save_in_flight();
+    throw AgreedError(e);
   }
 }
 

@@ -312,6 +312,11 @@ TEST(Checkpoint, NonFiniteStepsNeverReachACheckpoint) {
                                               "--debug.fail_mode", "nan"});
   EXPECT_EQ(stopped.exit_code, 6) << stopped.output;
   EXPECT_NE(stopped.output.find("step 6: the gradient norm was not finite in 1 step(s)"), std::string::npos) << stopped.output;
+  // Both ranks stop there; rank 0 alone says so.
+  size_t said = 0;
+  for (size_t at = stopped.output.find("error: step 6:"); at != std::string::npos; at = stopped.output.find("error: step 6:", at + 1))
+    ++said;
+  EXPECT_EQ(said, 1u) << stopped.output;
   EXPECT_EQ(latest_of(in_flight), "step_00000005.h5") << stopped.output;
   RunOutput verify = run_dstrain(0, {"ckpt", "verify", checkpoint(in_flight, 5)});
   EXPECT_EQ(verify.exit_code, 0) << verify.output;

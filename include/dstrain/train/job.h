@@ -32,13 +32,27 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
 // Reports `error` on this rank and ends every rank of the job with its exit code.
 [[noreturn]] void abort_job(const Error& error);
 
+// An error that every rank raises alike at the same point, after a last collective (the
+// guards' stop on a non-finite step, decided from values reduced over all ranks): no rank waits
+// for another, so the job ends as a failed start-up does, reported once.
+class AgreedError : public Error {
+ public:
+  explicit AgreedError(const Error& error) : Error(error) {}
+};
+// Rank 0 reports `error`; once it has (a barrier: an exiting rank ends the job under mpirun),
+// every rank throws it with an empty message, which main() leaves unprinted.
+[[noreturn]] void end_agreed(const Job& job, const AgreedError& error);
+
 // Runs `work` (collective: training, an evaluation) on a started job. An error during it is this
 // rank's alone while the others wait inside collectives: the rank says what happened and ends
 // the whole job (MPI_Abort with the error's exit code); a job of one rank throws it as it is.
+// An AgreedError ends every rank without an abort (end_agreed).
 template <typename Work>
 auto run_or_abort(const Job& job, Work&& work) -> decltype(work()) {
   try {
     return work();
+  } catch (const AgreedError& agreed) {
+    end_agreed(job, agreed);
   } catch (const std::exception& e) {
     const Error error = as_error(e);
     if (job.world_size == 1) throw error;
