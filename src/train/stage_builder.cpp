@@ -43,6 +43,19 @@ bool pairs_side_by_side(const TrainConfig& c, const LaneGroups& expert_groups, c
   return why_not.empty();
 }
 
+// train.recompute_layers counts from each chunk's first decoder layer, the chunk holding the head
+// counting its multi-token prediction modules' after its own: a count that no chunk reaches
+// recomputes every layer, as 0 does, which the run says rather than leave it to be guessed.
+void say_when_every_layer_reruns(const TrainConfig& c, const std::vector<LayerSlice>& slices) {
+  if (c.loop.recompute != "full" || c.loop.recompute_layers == 0) return;
+  int64_t most = 0;
+  for (const LayerSlice& slice : slices)
+    most = std::max(most, slice.last - slice.first + (slice.has_head ? c.model.num_nextn_predict_layers : 0));
+  if (c.loop.recompute_layers >= most)
+    log::info("train.recompute_layers = ", c.loop.recompute_layers, ": no model chunk has more than ", most,
+              " decoder layers (multi-token prediction modules' included), so every layer is recomputed, as with 0");
+}
+
 }  // namespace
 
 RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, const torch::Device& device,
@@ -56,6 +69,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
   RankStage rank;
   rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
+  say_when_every_layer_reruns(c, rank.slices);
   const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);

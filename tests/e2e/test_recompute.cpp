@@ -89,6 +89,19 @@ TEST(Recompute, AnUnknownModeIsAUsageError) {
   EXPECT_NE(run.output.find("train.recompute_layers"), std::string::npos) << run.output;
 }
 
+// A layer count beyond every chunk's layers recomputes them all, as 0 does, and the run says so.
+TEST(Recompute, ACountBeyondTheLayersIsSaidToMeanAll) {
+  const std::string json = scratch_dir("recompute-beyond") + "/bench.json";
+  RunOutput run = run_dstrain(0, {"bench", "step", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini",
+                                  "--train.device", "cpu", "--train.recompute", "full", "--train.recompute_layers",
+                                  "9", "--bench.warmup", "1", "--bench.steps", "1", "--bench.json", json});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("train.recompute_layers = 9: no model chunk has more than 4 decoder layers (multi-token "
+                            "prediction modules' included), so every layer is recomputed, as with 0"),
+            std::string::npos)
+      << run.output;
+}
+
 // `dstrain model info` estimates a step's activation memory per mode within 15% of what `bench
 // step` measures, for the dense and the V3-shaped tiny models (bench/RESULTS.md: the same for
 // ~100M models at seq 512).
