@@ -112,10 +112,7 @@ int pipeline_command(const std::vector<std::string>& args) {
   if (!(costs.transfer >= 0)) throw config_error("--transfer-cost", format_number(costs.transfer), "expected at least 0");
   const ScheduleKind kind = in_flag_terms([&] { return schedule_kind_named(schedule_name_given); });
   if (virtual_stages == 0) virtual_stages = default_virtual_stages(kind);
-  in_flag_terms([&] {
-    check_schedule(kind, pp, virtual_stages, microbatches);
-    return 0;
-  });
+  in_flag_terms([&] { check_schedule(kind, pp, virtual_stages, microbatches); });
 
   const Schedule schedule = make_schedule(kind, pp, virtual_stages, microbatches);
   // Only the schedules that split the backward pass have a weight-gradient part to cost.

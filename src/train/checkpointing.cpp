@@ -137,11 +137,7 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
     throw config_error("train.seq_len", std::to_string(expected.seq_len),
                        path + " was trained with " + std::to_string(s.seq_len) + "; resume with --train.seq_len " +
                            std::to_string(s.seq_len));
-  auto changed = [&](const std::string& key) {
-    const auto there = theirs.find(key), here = ours.find(key);
-    return there != theirs.end() && here != ours.end() && there->second != here->second;
-  };
-  if (changed("run.seed"))
+  if (!differences(theirs, ours, {"run.seed"}).empty())
     throw config_error("run.seed", ours.at("run.seed"),
                        path + " was trained with seed " + theirs.at("run.seed") + "; resume with --run.seed " +
                            theirs.at("run.seed") + " (the data order depends on it)");
