@@ -82,8 +82,7 @@ torch::Tensor exchange_rows(const torch::Tensor& rows, const std::vector<int64_t
   return ExchangeRowsFunction::apply(rows, RowRoute{send_rows, recv_rows, &groups, seconds});
 }
 
-torch::Tensor run_local_experts(const torch::Tensor& received, const DispatchPlan& plan,
-                                std::vector<SwiGLU>& experts) {
+torch::Tensor run_local_experts(const torch::Tensor& received, const DispatchPlan& plan, GroupedExperts& experts) {
   const int64_t sources = static_cast<int64_t>(plan.recv_rows.size()), local = plan.local_experts;
   // Where each expert's rows lie: source by source, expert by expert within a source.
   std::vector<int64_t> block_start(plan.received_by_expert.size());
@@ -93,26 +92,18 @@ torch::Tensor run_local_experts(const torch::Tensor& received, const DispatchPla
     at += plan.received_by_expert[i];
   }
   // The order that puts each expert's rows together (from every source), and its inverse.
-  std::vector<int64_t> by_expert;
+  std::vector<int64_t> by_expert, rows_per_expert(static_cast<size_t>(local), 0);
   by_expert.reserve(static_cast<size_t>(at));
   for (int64_t e = 0; e < local; ++e)
     for (int64_t s = 0; s < sources; ++s) {
       const size_t block = static_cast<size_t>(s * local + e);
+      rows_per_expert[static_cast<size_t>(e)] += plan.received_by_expert[block];
       for (int64_t row = 0; row < plan.received_by_expert[block]; ++row) by_expert.push_back(block_start[block] + row);
     }
   const torch::Tensor order = torch::tensor(by_expert, torch::kInt64).to(received.device());
-  const torch::Tensor grouped = received.index_select(0, order);
-  std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < local; ++e) {
-    int64_t rows = 0;
-    for (int64_t s = 0; s < sources; ++s) rows += plan.received_by_expert[static_cast<size_t>(s * local + e)];
-    if (rows > 0) outputs.push_back(experts[static_cast<size_t>(e)](grouped.narrow(0, start, rows)));
-    start += rows;
-  }
-  // Nothing received: the (empty) rows still lead back through the exchange, whose backward pass
-  // the peers wait for.
-  const torch::Tensor computed = outputs.empty() ? grouped : torch::cat(outputs, 0);
+  // Nothing received works too: the (empty) rows still lead back through the exchange, whose
+  // backward pass the peers wait for.
+  const torch::Tensor computed = experts(received.index_select(0, order), rows_per_expert);
   return computed.index_select(0, order.argsort());
 }
 

@@ -99,10 +99,8 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ExpertShard& shard) : config_(c), s
   ranks_reached_ = register_buffer("ranks_reached", torch::zeros({}));
   routed_tokens_ = register_buffer("routed_tokens", torch::zeros({}));
   // Global expert numbers as names: a part's names are the whole layer's.
-  auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
-  const int64_t first = shard.first(c.n_routed_experts);
-  for (int64_t i = first; i < first + shard.size(c.n_routed_experts); ++i)
-    experts_.push_back(experts->register_module(std::to_string(i), SwiGLU(c.hidden_size, c.moe_intermediate_size)));
+  experts_ = register_module("experts", GroupedExperts(shard.size(c.n_routed_experts), shard.first(c.n_routed_experts),
+                                                      c.hidden_size, c.moe_intermediate_size));
   if (c.n_shared_experts > 0)
     shared_experts_ = register_module("shared_experts",
                                       SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts));
@@ -161,14 +159,7 @@ torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::
     host_counts = counts.to(torch::kCPU);
   }
   const int64_t* count = host_counts.data_ptr<int64_t>();
-  std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < config_.n_routed_experts; ++e) {
-    if (count[e] == 0) continue;
-    outputs.push_back(experts_[static_cast<size_t>(e)](inputs.narrow(0, start, count[e])));
-    start += count[e];
-  }
-  return torch::cat(outputs, 0);
+  return experts_(inputs, std::vector<int64_t>(count, count + config_.n_routed_experts));
 }
 
 // For each token, the distinct ranks its chosen experts live on (sorted, so equal neighbours are

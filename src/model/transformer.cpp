@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "dstrain/core/random.h"
 #include "dstrain/core/text.h"
+#include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/parameter_shapes.h"
 
@@ -163,6 +165,14 @@ torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& 
   return slice_.has_head ? lm_head_(h) : h;
 }
 
+namespace {
+
+void sort_by_name(std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+}  // namespace
+
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed) {
   torch::NoGradGuard no_grad;
   const double output_std = config.init_std / std::sqrt(2.0 * config.num_layers);
@@ -194,8 +204,24 @@ void cast_parameters(torch::nn::Module& model, torch::ScalarType dtype) {
 
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> params;
+  std::set<std::string> stacked;  // given per expert instead
+  for (const auto& item : model.named_modules()) {
+    const auto* experts = item.value()->as<GroupedExpertsImpl>();
+    if (!experts) continue;
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    for (const auto& [name, view] : experts->expert_weights()) params.emplace_back(prefix + name, view);
+    for (const auto& own : experts->named_parameters(/*recurse=*/false)) stacked.insert(prefix + own.key());
+  }
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    if (stacked.count(item.key()) == 0) params.emplace_back(item.key(), item.value());
+  sort_by_name(params);
+  return params;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> module_parameters(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) params.emplace_back(item.key(), item.value());
-  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  sort_by_name(params);
   return params;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dstrain/ckpt/checkpoint_model.h"
+#include "dstrain/ckpt/expert_layout.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/moe.h"
@@ -16,22 +17,24 @@ namespace {
 
 constexpr ExitCode kCode = ExitCode::kCheckpoint;
 
-// The optimizer's state as the checkpoint sees it: the same tensors, by name and place.
-std::vector<OptimizerStateView> state_views(const AdamW& optimizer) {
+// The optimizer's state as the checkpoint sees it: the same tensors, by name and place, the
+// routed experts' stacked states as a view per expert (numbered from `first_expert`).
+std::vector<OptimizerStateView> state_views(const AdamW& optimizer, int64_t first_expert) {
   std::vector<OptimizerStateView> views;
   for (const AdamW::State& s : optimizer.states())
     views.push_back({s.name, s.param, s.master, s.exp_avg, s.exp_avg_sq, s.full_shape, s.offset});
-  return views;
+  return per_expert_state_views(views, first_expert);
 }
 
 // The parameters and optimizer state, experts written by their first holder.
 CheckpointContents model_and_optimizer_contents(const NamedTensors& params, const AdamW& optimizer,
-                                                ModelGradients& grads) {
-  if (!grads.experts()) return checkpoint_contents(params, state_views(optimizer), grads.replicated().sharded());
+                                                ModelGradients& grads, int64_t first_expert) {
+  const std::vector<OptimizerStateView> states = state_views(optimizer, first_expert);
+  if (!grads.experts()) return checkpoint_contents(params, states, grads.replicated().sharded());
   NamedTensors replicated_params, expert_params;
   for (const auto& named : params) (is_routed_expert_parameter(named.first) ? expert_params : replicated_params).push_back(named);
   std::vector<OptimizerStateView> replicated_states, expert_states;
-  for (const OptimizerStateView& view : state_views(optimizer))
+  for (const OptimizerStateView& view : states)
     (is_routed_expert_parameter(view.name) ? expert_states : replicated_states).push_back(view);
   CheckpointContents contents = checkpoint_contents(replicated_params, replicated_states, grads.replicated().sharded());
   const CheckpointContents experts = checkpoint_contents(expert_params, expert_states, grads.experts()->sharded());
@@ -85,8 +88,9 @@ std::string differences(const std::map<std::string, std::string>& theirs, const 
 
 }  // namespace
 
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads) {
-  CheckpointContents contents = model_and_optimizer_contents(params, optimizer, grads);
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads,
+                                       int64_t first_expert) {
+  CheckpointContents contents = model_and_optimizer_contents(params, optimizer, grads, first_expert);
   // Each rank's carried quantization error (8-bit gradients with error feedback), by itself.
   for (const auto& [name, tensor] : grads.error_feedback()) contents.owned.push_back({name, tensor, tensor.sizes().vec(), 0});
   return contents;
@@ -149,14 +153,16 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
                  " (optim.decay_steps follows train.steps unless given)");
 }
 
-void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
-  load_training_tensors(reader, state_views(optimizer), params);
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
+                     int64_t first_expert) {
+  load_training_tensors(reader, state_views(optimizer, first_expert), params);
   optimizer.load_masters();
   optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));
 }
 
-void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params) {
-  load_master_weights(reader, state_views(optimizer), params);
+void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
+                  int64_t first_expert) {
+  load_master_weights(reader, state_views(optimizer, first_expert), params);
   optimizer.load_masters();
 }
 

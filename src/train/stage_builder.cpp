@@ -9,14 +9,26 @@
 
 namespace dstrain {
 
-NamedTensors RankStage::parameters() const {
+namespace {
+
+NamedTensors of_every_chunk(const std::vector<CausalLM>& chunks, NamedTensors (*named)(const torch::nn::Module&)) {
   NamedTensors params;
-  for (const CausalLM& chunk : chunks()) {
-    NamedTensors mine = sorted_parameters(*chunk);
+  for (const CausalLM& chunk : chunks) {
+    NamedTensors mine = named(*chunk);
     params.insert(params.end(), mine.begin(), mine.end());
   }
   std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return params;
+}
+
+}  // namespace
+
+NamedTensors RankStage::parameters() const { return of_every_chunk(chunks(), sorted_parameters); }
+
+NamedTensors RankStage::module_parameters() const { return of_every_chunk(chunks(), dstrain::module_parameters); }
+
+int64_t RankStage::first_expert(const ModelConfig& config) const {
+  return slices.front().experts.first(config.n_routed_experts);
 }
 
 std::string RankStage::layers_per_virtual_stage() const {
@@ -69,6 +81,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
   RankStage rank;
   rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
+  for (LayerSlice& slice : rank.slices) slice.experts = {parallel.ep_rank(), parallel.ep};
   say_when_every_layer_reruns(c, rank.slices);
   const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
   const int microbatches = static_cast<int>(c.loop.grad_accum);
@@ -79,9 +92,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
                        "comm.backend = mpi, or gpipe, 1f1b or interleaved");
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
-    LayerSlice slice = rank.slices[training.virtual_stage(stage, chunk)];
-    slice.experts = {parallel.ep_rank(), parallel.ep};
-    CausalLM model(c.model, slice);
+    CausalLM model(c.model, rank.slices[training.virtual_stage(stage, chunk)]);
     if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
     cast_parameters(*model, dtype);

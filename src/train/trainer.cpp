@@ -118,9 +118,9 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   check_vocabulary(c.model, {train_data_.corpora.front(), valid});  // the mixture shares one vocabulary
   stage_ = build_rank_stage(c, parallel_, device, Initialization::kFromSeed);
   params_ = stage_.parameters();
-  NamedTensors trainable;  // those the optimizer updates (not MoE's balancing bias)
+  NamedTensors trainable;  // those the optimizer updates (not MoE's balancing bias), experts stacked
   std::vector<torch::Tensor> use_order;  // chunk after chunk, each in the order it registered them
-  for (const auto& [name, p] : params_)
+  for (const auto& [name, p] : stage_.module_parameters())
     if (p.requires_grad()) trainable.emplace_back(name, p);
   for (const CausalLM& chunk : stage_.chunks())
     for (const torch::Tensor& p : chunk->parameters())
@@ -139,7 +139,8 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   schedule_ = {c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.decay_steps};
   plan_ = run_plan(c, parallel_, placement_);
   state_ = std::make_unique<TrainState>(TrainStateParts{&c, config_text_, &train_data_, stage_.layers_per_virtual_stage(),
-                                                        params_, optimizer_.get(), grads_.get(), guards_.loss_scaler()},
+                                                        params_, stage_.first_expert(c.model), optimizer_.get(),
+                                                        grads_.get(), guards_.loss_scaler()},
                                         parallel_);
   state_->restore(resume, weights);
   guards_.continue_after(state_->start_step());

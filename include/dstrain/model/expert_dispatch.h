@@ -15,7 +15,7 @@
 
 #include "dstrain/dist/communicator.h"
 #include "dstrain/dist/compute_lane.h"
-#include "dstrain/model/layers.h"
+#include "dstrain/model/grouped_experts.h"
 
 namespace dstrain {
 
@@ -45,6 +45,6 @@ torch::Tensor exchange_rows(const torch::Tensor& rows, const std::vector<int64_t
 // The received rows through this rank's experts (`experts`: its local experts in order), each
 // expert's rows as one batch; the results in the order the rows arrived, ready to go back.
 torch::Tensor run_local_experts(const torch::Tensor& received, const DispatchPlan& plan,
-                                std::vector<SwiGLU>& experts);
+                                GroupedExperts& experts);
 
 }  // namespace dstrain

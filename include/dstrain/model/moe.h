@@ -1,6 +1,7 @@
 // DeepSeekMoE (DeepSeek-V2 §2.2, V3 §2.1.2), with Hugging Face's names: mlp.gate (the router,
 // and in V3 its balancing bias e_score_correction_bias), mlp.experts.<i>.{gate,up,down}_proj,
-// mlp.shared_experts.{gate,up,down}_proj.
+// mlp.shared_experts.{gate,up,down}_proj. The routed experts' weights are stacked in the module
+// (mlp.experts.{gate,up,down}_proj, grouped_experts.h) and named per expert in checkpoints.
 //
 //   scores   softmax (V2) or sigmoid (V3) of the router's logits, in fp32
 //   choice   top num_experts_per_tok experts by score (+ the bias, V3's noaux_tc, which steers
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "dstrain/dist/compute_lane.h"
+#include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
@@ -95,7 +97,7 @@ class MoEImpl : public torch::nn::Module {
   LaneGroups expert_groups_;
   torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_, ranks_reached_, routed_tokens_;
   double exchange_seconds_ = 0;
-  std::vector<SwiGLU> experts_;  // the routed experts held, in order
+  GroupedExperts experts_{nullptr};  // the routed experts held
   SwiGLU shared_experts_{nullptr};
 };
 TORCH_MODULE(MoE);

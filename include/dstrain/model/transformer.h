@@ -121,7 +121,12 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
 // balancing bias stays fp32; buffers (the RoPE tables) stay fp32 too.
 void cast_parameters(torch::nn::Module& model, torch::ScalarType dtype);
 
-// Parameters by global name, sorted by name: the order every reduction and checksum uses.
+// Parameters by global name, sorted by name: the order every checkpoint and checksum uses. Under
+// the names checkpoints and Hugging Face give them: the routed experts' stacked weights as a view
+// per expert (grouped_experts.h), so that what is written into one lands in the parameter. The
+// optimizer updates the module's own parameters (module_parameters).
 std::vector<std::pair<std::string, torch::Tensor>> sorted_parameters(const torch::nn::Module& model);
+// The module's parameters as it holds them (the experts stacked), by global name, sorted.
+std::vector<std::pair<std::string, torch::Tensor>> module_parameters(const torch::nn::Module& model);
 
 }  // namespace dstrain

@@ -17,8 +17,11 @@ namespace dstrain {
 // What a save writes of this rank's parameters and `optimizer`'s state (training_checkpoint.h):
 // the replicated parameters as the data-parallel ranks share them; expert parallelism's experts,
 // held by fewer ranks, by the first of their holders (or, under ZeRO-1, their optimizer state by
-// each holder for its shard).
-CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads);
+// each holder for its shard). `params` by their checkpoint names (RankStage::parameters); the
+// optimizer's stacked expert states are named per expert, from `first_expert`, the global number
+// of the first routed expert the rank holds (ckpt/expert_layout.h), here and in the loads below.
+CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads,
+                                       int64_t first_expert);
 // Each rank's carried quantization error (comm.error_feedback) back from `reader`, when it was
 // written on this layout; otherwise it starts from zero, and rank 0 says so.
 void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout);
@@ -42,13 +45,15 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 // parameters it updates. Under ZeRO-1 the caller then gathers the parameters.
 // `params`: every parameter of the rank; those the optimizer does not update (MoE's balancing
 // bias) are read from "model/<name>".
-void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params);
+void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
+                     int64_t first_expert);
 
 // A new run from a checkpoint's model alone (ckpt.load_weights): this rank's masters (or
 // parameters) from the checkpoint's fp32 masters where it has them, else from its parameters;
 // those the optimizer does not update from "model/<name>"; the moments and the step count stay
 // as they are (fresh). Throws Error(kCheckpoint) naming the file and the tensor when one is missing
 // or has another shape. Under ZeRO-1 the caller then gathers the parameters.
-void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params);
+void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
+                  int64_t first_expert);
 
 }  // namespace dstrain

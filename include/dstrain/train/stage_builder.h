@@ -24,8 +24,14 @@ struct RankStage {
   std::unique_ptr<PipelineExecutor> executor;
 
   const std::vector<CausalLM>& chunks() const { return model->models(); }
-  // Every parameter of this rank's chunks by global name, sorted by name.
+  // Every parameter of this rank's chunks by global name, sorted by name, as checkpoints name
+  // them (sorted_parameters: a view per routed expert).
   NamedTensors parameters() const;
+  // The same as the chunks hold them (module_parameters: the experts stacked), what the
+  // optimizer updates.
+  NamedTensors module_parameters() const;
+  // The global number of the first routed expert this rank holds (0 without expert parallelism).
+  int64_t first_expert(const ModelConfig& config) const;
   // Layers per virtual stage, "2,2": what a checkpoint records of the split.
   std::string layers_per_virtual_stage() const;
 };

@@ -34,7 +34,8 @@ struct TrainStateParts {
   std::string config_text;  // the effective configuration, INI
   const Mixture* train_data = nullptr;
   std::string layers_per_virtual_stage;  // "2,2"
-  NamedTensors params;                   // every parameter of this rank's chunks
+  NamedTensors params;                   // every parameter of this rank's chunks, by checkpoint name
+  int64_t first_expert = 0;              // the global number of the first routed expert held
   AdamW* optimizer = nullptr;
   ModelGradients* grads = nullptr;
   DynamicLossScaler* loss_scaler = nullptr;  // fp16 only

@@ -1,0 +1,109 @@
+#include "dstrain/model/grouped_projection.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "dstrain/core/weight_gradient_store.h"
+
+namespace dstrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What the autograd function takes besides tensors: the rows of each expert, and the parameter
+// whose gradient the W action computes (undefined when the backward pass computes it at once).
+// Not a tensor argument: that would give autograd an edge to its accumulator, which belongs to
+// the W action.
+struct ExpertRows {
+  std::vector<int64_t> counts;
+  torch::Tensor deferred_weight;
+};
+
+// out[rows of e] = a[rows of e] × b(e), for each expert with rows.
+void per_expert_products(torch::Tensor& out, const torch::Tensor& a, const std::vector<int64_t>& counts,
+                         const std::function<torch::Tensor(int64_t)>& b) {
+  int64_t start = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n > 0) {
+      torch::Tensor part = out.narrow(0, start, n);
+      torch::mm_out(part, a.narrow(0, start, n), b(static_cast<int64_t>(e)));
+    }
+    start += n;
+  }
+}
+
+// dW_e = dy_eᵀ x_e for each expert; zero for an expert without rows.
+torch::Tensor weight_gradient(const torch::Tensor& rows, const torch::Tensor& grad, const std::vector<int64_t>& counts,
+                              torch::IntArrayRef weight_shape) {
+  torch::Tensor result = torch::zeros(weight_shape, grad.options());
+  int64_t start = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n > 0) {
+      torch::Tensor expert = result.select(0, static_cast<int64_t>(e));
+      torch::mm_out(expert, grad.narrow(0, start, n).t(), rows.narrow(0, start, n));
+    }
+    start += n;
+  }
+  return result;
+}
+
+class GroupedProjection : public torch::autograd::Function<GroupedProjection> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& rows, const torch::Tensor& weights,
+                               const ExpertRows& experts) {
+    ctx->save_for_backward({rows, weights});
+    ctx->saved_data["counts"] = experts.counts;
+    if (experts.deferred_weight.defined()) ctx->saved_data["deferred_weight"] = experts.deferred_weight;
+    torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());
+    per_expert_products(out, rows, experts.counts, [&](int64_t e) { return weights[e].t(); });
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &rows = saved[0], &weights = saved[1];
+    const torch::Tensor grad = grad_outputs[0];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    torch::Tensor grad_rows, grad_weights;
+    if (ctx->needs_input_grad(0)) {
+      grad_rows = torch::empty_like(rows);
+      per_expert_products(grad_rows, grad, counts, [&](int64_t e) { return weights[e]; });
+    }
+    const auto deferred = ctx->saved_data.find("deferred_weight");
+    if (deferred != ctx->saved_data.end()) {
+      const std::vector<int64_t> shape = weights.sizes().vec();
+      WeightGradientStore::defer(deferred->second.toTensor(), [rows, grad, counts, shape] {
+        return weight_gradient(rows, grad, counts, shape);
+      });
+    } else if (ctx->needs_input_grad(1)) {
+      grad_weights = weight_gradient(rows, grad, counts, weights.sizes());
+    }
+    return {grad_rows, grad_weights, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor grouped_projection(const torch::Tensor& rows, const torch::Tensor& weights,
+                                 const std::vector<int64_t>& rows_per_expert) {
+  const int64_t total = std::accumulate(rows_per_expert.begin(), rows_per_expert.end(), int64_t{0});
+  if (weights.dim() != 3 || static_cast<int64_t>(rows_per_expert.size()) != weights.size(0) ||
+      total != rows.size(0) || rows.size(1) != weights.size(2))
+    throw std::invalid_argument("grouped_projection: " + std::to_string(rows.size(0)) + " rows for counts summing to " +
+                                std::to_string(total) + ", over weights of " + std::to_string(weights.dim()) +
+                                " dimensions for " + std::to_string(rows_per_expert.size()) + " experts");
+  // (Only where rows carry a graph: otherwise the backward pass, and the weights' gradient with
+  // it, would never run.)
+  if (WeightGradientStore::deferring() && torch::GradMode::is_enabled() && weights.requires_grad() &&
+      rows.requires_grad())
+    return GroupedProjection::apply(rows, weights.detach(), ExpertRows{rows_per_expert, weights});
+  return GroupedProjection::apply(rows, weights, ExpertRows{rows_per_expert, torch::Tensor()});
+}
+
+}  // namespace dstrain
