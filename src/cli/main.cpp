@@ -79,6 +79,7 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
                    "OpenBLAS: scripts/install-deps.sh installs and selects OpenBLAS (libopenblas0-pthread)");
   }
   const TrainResult result = run_training(parsed.options);
+  if (!result.run_files.empty()) log::info(result.run_files);
   return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
 }
 

@@ -73,8 +73,11 @@ void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, co
   summary["recompute"] = c.loop.recompute;
   const std::string path = c.run.dir + "/summary.json";
   write_text_file(path, summary.dump(2) + "\n");
-  log::info("metrics: ", c.run.dir, "/metrics.jsonl  config: ", c.run.dir, "/config.ini  summary: ", path,
-            c.ckpt.save_final ? "  model: " + c.run.dir + "/final_model.h5" : "");
+}
+
+std::string run_files_text(const TrainConfig& c) {
+  return "metrics: " + c.run.dir + "/metrics.jsonl  config: " + c.run.dir + "/config.ini  summary: " + c.run.dir +
+         "/summary.json" + (c.ckpt.save_final ? "  model: " + c.run.dir + "/final_model.h5" : "");
 }
 
 }  // namespace dstrain

@@ -335,6 +335,7 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.peak_activation_bytes = static_cast<int64_t>(peak.item<double>());
   result.param_digest = state_->finish_model(config_.loop.steps);
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);
+  if (parallel_.world_rank == 0) result.run_files = run_files_text(config_);  // (the rank that wrote the summary)
   return result;
 }
 

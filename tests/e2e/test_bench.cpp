@@ -47,7 +47,8 @@ TEST(Bench, IoRefusesADirectoryThatIsNotItsOwn) {
 }
 
 // bench step on 2 ranks on the CPU: trains the configured model on random tokens and reports
-// its figures, the model's size and FLOPs among them, and the process's peak memory.
+// its figures, the model's size and FLOPs among them, and the process's peak memory; it leaves
+// no run behind and names none.
 TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
   const std::string dir = scratch_dir("bench-step");
   RunOutput run = run_dstrain(2, {"bench", "step", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
@@ -66,6 +67,8 @@ TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
   EXPECT_GT(result["peak_memory_bytes"].get<double>(), 20.0 * (1 << 20));
   EXPECT_LT(result["peak_memory_bytes"].get<double>(), 16.0 * (1LL << 30));
   EXPECT_NE(run.output.find("peak memory"), std::string::npos) << run.output;
+  // Its run directory is temporary, gone when it ends: not pointed to.
+  EXPECT_EQ(run.output.find("metrics: "), std::string::npos) << run.output;
 }
 
 // bench comm on 2 and 4 ranks on the CPU: each collective at each size, all-to-all among them, its

@@ -25,5 +25,7 @@ std::vector<std::unique_ptr<ReportSink>> open_run_files(const TrainConfig& confi
 // The run's last words: the "done" line, and on the reporting rank summary.json.
 void write_run_summary(const TrainConfig& config, const ParallelContext& parallel, const DevicePlacement& placement,
                        const AdamW& optimizer, const TrainResult& result, bool evaluated, double seconds);
+// "metrics: DIR/metrics.jsonl  config: ...  summary: ...  model: ...": where the run's files are.
+std::string run_files_text(const TrainConfig& config);
 
 }  // namespace dstrain

@@ -25,6 +25,9 @@ struct TrainResult {
   // temporaries (core/step_memory.h); 0 when no step ran.
   int64_t peak_activation_bytes = 0;
   bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
+  // Where the run directory's files are (run_files_text), for `train` to say: on world rank 0,
+  // once the summary is written. (A benchmark deletes its run directory and says nothing of it.)
+  std::string run_files;
 };
 
 // Reads and checks the configuration, resumes from a checkpoint when ckpt.resume finds one,
