@@ -23,33 +23,33 @@ struct ExpertRows {
   torch::Tensor deferred_weight;
 };
 
-// out[rows of e] = a[rows of e] × b(e), for each expert with rows.
-void per_expert_products(torch::Tensor& out, const torch::Tensor& a, const std::vector<int64_t>& counts,
-                         const std::function<torch::Tensor(int64_t)>& b) {
+// each(e, first row, rows) for every expert e with rows.
+template <typename Each>
+void for_each_expert_with_rows(const std::vector<int64_t>& counts, Each each) {
   int64_t start = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n > 0) {
-      torch::Tensor part = out.narrow(0, start, n);
-      torch::mm_out(part, a.narrow(0, start, n), b(static_cast<int64_t>(e)));
-    }
-    start += n;
+    if (counts[e] > 0) each(static_cast<int64_t>(e), start, counts[e]);
+    start += counts[e];
   }
+}
+
+// out[rows of e] = a[rows of e] × b(e), for each expert with rows.
+template <typename Matrix>
+void per_expert_products(torch::Tensor& out, const torch::Tensor& a, const std::vector<int64_t>& counts, Matrix b) {
+  for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
+    torch::Tensor part = out.narrow(0, start, n);
+    torch::mm_out(part, a.narrow(0, start, n), b(e));
+  });
 }
 
 // dW_e = dy_eᵀ x_e for each expert; zero for an expert without rows.
 torch::Tensor weight_gradient(const torch::Tensor& rows, const torch::Tensor& grad, const std::vector<int64_t>& counts,
                               torch::IntArrayRef weight_shape) {
   torch::Tensor result = torch::zeros(weight_shape, grad.options());
-  int64_t start = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n > 0) {
-      torch::Tensor expert = result.select(0, static_cast<int64_t>(e));
-      torch::mm_out(expert, grad.narrow(0, start, n).t(), rows.narrow(0, start, n));
-    }
-    start += n;
-  }
+  for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
+    torch::Tensor expert = result.select(0, e);
+    torch::mm_out(expert, grad.narrow(0, start, n).t(), rows.narrow(0, start, n));
+  });
   return result;
 }
 

@@ -9,8 +9,10 @@
 // (WeightGradientStore::deferring() when the forward pass runs) the weight gradient is left to
 // the schedule's W action, as Projection leaves its own.
 //
-// The products run one expert after another: LibTorch 1.13 has no grouped matrix product, and on
-// the CPU one would gain nothing over the loop.
+// The products run one expert after another, on every device. LibTorch 2.8 and later have a
+// grouped product for CUDA in bf16 (at::_grouped_mm) that would make them one kernel a layer; it
+// is not used yet (LibTorch 1.13, which the CPU build has, lacks it, and on the CPU it would gain
+// nothing over the loop).
 #pragma once
 
 #include "dstrain/core/torch_api.h"
