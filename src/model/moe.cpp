@@ -98,7 +98,7 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ExpertShard& shard) : config_(c), s
   balance_loss_ = register_buffer("balance_loss", torch::zeros({}));
   ranks_reached_ = register_buffer("ranks_reached", torch::zeros({}));
   routed_tokens_ = register_buffer("routed_tokens", torch::zeros({}));
-  // Global expert numbers as names: a part's names are the whole layer's.
+  // Numbered from the part's first expert: in checkpoints a part's names are the whole layer's.
   experts_ = register_module("experts", GroupedExperts(shard.size(c.n_routed_experts), shard.first(c.n_routed_experts),
                                                       c.hidden_size, c.moe_intermediate_size));
   if (c.n_shared_experts > 0)
