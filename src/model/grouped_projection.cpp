@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dstrain/core/weight_gradient_store.h"
+#include "dstrain/model/grouped_matmul.h"
 
 namespace dstrain {
 namespace {
@@ -33,19 +34,24 @@ void for_each_expert_with_rows(const std::vector<int64_t>& counts, Each each) {
   }
 }
 
-// out[rows of e] = a[rows of e] × b(e), for each expert with rows.
-template <typename Matrix>
-void per_expert_products(torch::Tensor& out, const torch::Tensor& a, const std::vector<int64_t>& counts, Matrix b) {
+// [rows of e] = a[rows of e] × stack[e] for each expert e with rows: [N, K] × [experts, K, M] → [N, M].
+torch::Tensor per_expert_products(const torch::Tensor& a, const torch::Tensor& stack, const std::vector<int64_t>& counts) {
+  torch::Tensor out = grouped_matmul(a, stack, counts);  // one kernel where LibTorch has one
+  if (out.defined()) return out;
+  out = torch::empty({a.size(0), stack.size(2)}, a.options());
   for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
     torch::Tensor part = out.narrow(0, start, n);
-    torch::mm_out(part, a.narrow(0, start, n), b(e));
+    torch::mm_out(part, a.narrow(0, start, n), stack[e]);
   });
+  return out;
 }
 
 // dW_e = dy_eᵀ x_e for each expert; zero for an expert without rows.
 torch::Tensor weight_gradient(const torch::Tensor& rows, const torch::Tensor& grad, const std::vector<int64_t>& counts,
                               torch::IntArrayRef weight_shape) {
-  torch::Tensor result = torch::zeros(weight_shape, grad.options());
+  torch::Tensor result = grouped_matmul(grad.t(), rows, counts);
+  if (result.defined()) return result;
+  result = torch::zeros(weight_shape, grad.options());
   for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
     torch::Tensor expert = result.select(0, e);
     torch::mm_out(expert, grad.narrow(0, start, n).t(), rows.narrow(0, start, n));
@@ -60,21 +66,16 @@ class GroupedProjection : public torch::autograd::Function<GroupedProjection> {
     ctx->save_for_backward({rows, weights});
     ctx->saved_data["counts"] = experts.counts;
     if (experts.deferred_weight.defined()) ctx->saved_data["deferred_weight"] = experts.deferred_weight;
-    torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());
-    per_expert_products(out, rows, experts.counts, [&](int64_t e) { return weights[e].t(); });
-    return out;
+    return per_expert_products(rows, weights.transpose(1, 2), experts.counts);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &rows = saved[0], &weights = saved[1];
-    const torch::Tensor grad = grad_outputs[0];
+    const torch::Tensor grad = grad_outputs[0].contiguous();
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     torch::Tensor grad_rows, grad_weights;
-    if (ctx->needs_input_grad(0)) {
-      grad_rows = torch::empty_like(rows);
-      per_expert_products(grad_rows, grad, counts, [&](int64_t e) { return weights[e]; });
-    }
+    if (ctx->needs_input_grad(0)) grad_rows = per_expert_products(grad, weights, counts);
     const auto deferred = ctx->saved_data.find("deferred_weight");
     if (deferred != ctx->saved_data.end()) {
       const std::vector<int64_t> shape = weights.sizes().vec();

@@ -5,8 +5,12 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "dstrain/core/accelerator.h"
+#include "dstrain/core/torch_compat.h"
+#include "dstrain/model/grouped_matmul.h"
+#include "dstrain/model/grouped_projection.h"
 #include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/rope.h"
 #include "dstrain/model/swiglu_activation.h"
@@ -179,4 +183,34 @@ TEST_F(GpuKernels, RopeAndItsGradientEqualTheRotationInFp64) {
       }
     }
   }
+}
+
+// The routed experts' products as LibTorch's grouped kernel computes them (model/grouped_matmul.h,
+// LibTorch 2.8 and later) against the per-expert loop in fp64 from the same bf16 values: the
+// output, the rows' gradient and every expert's weight gradient, for groups of uneven sizes (not
+// multiples of 8) and an expert without rows, whose weight gradient must be exactly zero.
+TEST_F(GpuKernels, GroupedExpertProductsEqualTheLoopInFp64) {
+  if (!DSTRAIN_TORCH_AT_LEAST(2, 8)) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no grouped product";
+  torch::manual_seed(17);
+  const std::vector<int64_t> counts = {5, 0, 11, 16};
+  const int64_t rows = 32, in = 64, out = 48;
+  const torch::Tensor input = torch::randn({rows, in}, torch::kFloat64);
+  const torch::Tensor weights = torch::randn({4, out, in}, torch::kFloat64) * 0.2;
+  const torch::Tensor upstream = torch::randn({rows, out}, torch::kFloat64);
+  const torch::ScalarType bf16 = torch::kBFloat16;
+
+  torch::Tensor x = input.to(torch::kCUDA, bf16).requires_grad_(), w = weights.to(torch::kCUDA, bf16).requires_grad_();
+  ASSERT_TRUE(grouped_matmul_applies(x, w.transpose(1, 2)));
+  torch::Tensor got = grouped_projection(x, w, counts);
+  got.backward(upstream.to(torch::kCUDA, bf16));
+  EXPECT_TRUE(grouped_matmul_available()) << "a grouped product failed, and the loop computed instead";
+
+  torch::Tensor x64 = rounded(input, bf16).requires_grad_(), w64 = rounded(weights, bf16).requires_grad_();
+  torch::Tensor expected = grouped_projection(x64, w64, counts);  // on the CPU: the loop
+  expected.backward(rounded(upstream, bf16));
+  EXPECT_LT(relative_error(got, expected), 1e-2);
+  EXPECT_LT(relative_error(x.grad(), x64.grad()), 1e-2);
+  for (int64_t e : {0, 2, 3})
+    EXPECT_LT(relative_error(w.grad()[e], w64.grad()[e]), 1e-2) << "expert " << e;
+  EXPECT_EQ(w.grad()[1].abs().max().item<double>(), 0.0) << "the expert without rows";
 }

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "dstrain/ckpt/expert_layout.h"
+#include "dstrain/core/torch_compat.h"
 #include "dstrain/core/weight_gradient_store.h"
 #include "dstrain/model/grouped_experts.h"
+#include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/grouped_projection.h"
 #include "dstrain/model/moe.h"
 #include "dstrain/model/transformer.h"
@@ -83,6 +85,14 @@ TEST(GroupedProjection, DefersTheWeightGradientToTheWAction) {
   EXPECT_FALSE(weights.grad().defined()) << "B computed the weights' gradient";
   store.compute({0, 0});
   expect_bitwise(weights.grad(), weights_grad, "weights' gradient after W");
+}
+
+// LibTorch's grouped kernel is for CUDA bf16 (tests/gpu checks it there): the CPU loops.
+TEST(GroupedProjection, OnTheCpuTheExpertsLoop) {
+  EXPECT_EQ(grouped_matmul_available(), DSTRAIN_TORCH_AT_LEAST(2, 8));
+  const torch::Tensor a = torch::randn({16, 8}, torch::kBFloat16), b = torch::randn({2, 8, 8}, torch::kBFloat16);
+  EXPECT_FALSE(grouped_matmul_applies(a, b));
+  EXPECT_FALSE(grouped_matmul(a, b, {8, 8}).defined());
 }
 
 TEST(GroupedProjection, RefusesRowsThatDoNotMatchTheCounts) {

@@ -9,10 +9,8 @@
 // (WeightGradientStore::deferring() when the forward pass runs) the weight gradient is left to
 // the schedule's W action, as Projection leaves its own.
 //
-// The products run one expert after another, on every device. LibTorch 2.8 and later have a
-// grouped product for CUDA in bf16 (at::_grouped_mm) that would make them one kernel a layer; it
-// is not used yet (LibTorch 1.13, which the CPU build has, lacks it, and on the CPU it would gain
-// nothing over the loop).
+// On GPUs in bf16 with LibTorch 2.8 or later, each of the three products is one grouped kernel
+// (grouped_matmul.h); elsewhere they run one expert after another, the same products as before.
 #pragma once
 
 #include "dstrain/core/torch_api.h"

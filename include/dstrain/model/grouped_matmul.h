@@ -1,0 +1,27 @@
+// LibTorch's grouped matrix product, aten::_grouped_mm (LibTorch 2.8 and later, CUDA, bf16): the
+// matrix products of many groups in one kernel. A build against an older LibTorch (1.13, the CPU
+// build's) has none, and its callers loop.
+//
+// Two forms, the groups given by their sizes:
+//   a [M, K] × b [G, K, N] → [M, N]     group g: rows of a (and of the result) times b[g]
+//   a [M, K] × b [K, N]    → [G, M, N]  group g: a slice of K, the columns of a and rows of b
+// It applies to CUDA bf16 operands whose dimensions are multiples of 8 (16-byte rows, which the
+// kernel needs). If LibTorch refuses a call it says why once, as a warning, and grouped_matmul
+// returns an undefined tensor from then on: the caller's loop computes the same products.
+#pragma once
+
+#include "dstrain/core/torch_api.h"
+
+#include <vector>
+
+namespace dstrain {
+
+// Whether this build's LibTorch has the product (and it has not failed before).
+bool grouped_matmul_available();
+// Whether it applies to operands `a` and `b`.
+bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b);
+// The product, or an undefined tensor where it does not apply. `group_sizes` sum to M (3-D b) or
+// K (2-D b).
+torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& b, const std::vector<int64_t>& group_sizes);
+
+}  // namespace dstrain
