@@ -37,6 +37,18 @@ std::map<std::string, std::string> checkpoint_config_values(const std::string& c
   return values;
 }
 
+int64_t checkpoint_expert_parallel_size(const std::string& config_text) {
+  const std::map<std::string, std::string> values = checkpoint_config_values(config_text);
+  const auto ep = values.find("parallel.ep");
+  if (ep == values.end()) return 1;
+  try {
+    return std::stoll(ep->second);
+  } catch (const std::exception&) {
+    throw Error(ExitCode::kCheckpoint, "the checkpoint's configuration has parallel.ep = " + ep->second +
+                                           ", not a number of ranks");
+  }
+}
+
 std::vector<std::string> checkpoint_config_arguments(const std::string& config_text) {
   static const std::set<std::string> kept_sections = {"model", "train", "optim", "data"};
   static const std::set<std::string> left_out = {"train.device", "train.grad_accum"};

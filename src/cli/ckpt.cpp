@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "ckpt_hf.h"
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/error.h"
 
@@ -56,10 +57,12 @@ int inspect(const CheckpointReader& r) {
   std::printf("%s\n  step %lld, %llu samples (%llu tokens) consumed, %llu optimizer steps\n", r.path().c_str(),
               static_cast<long long>(s.step), static_cast<unsigned long long>(s.consumed_samples),
               static_cast<unsigned long long>(s.tokens), static_cast<unsigned long long>(s.optimizer_steps));
-  std::printf("  written by %llu ranks: dp %llu x pp %llu, schedule %s, %llu chunk(s) per stage, layers per virtual "
+  const int64_t ep = checkpoint_expert_parallel_size(s.config);
+  const std::string experts = ep > 1 ? " (experts over ep " + std::to_string(ep) + ")" : "";
+  std::printf("  written by %llu ranks: dp %llu x pp %llu%s, schedule %s, %llu chunk(s) per stage, layers per virtual "
               "stage %s\n",
               static_cast<unsigned long long>(s.world_size), static_cast<unsigned long long>(s.dp),
-              static_cast<unsigned long long>(s.pp), s.schedule.c_str(),
+              static_cast<unsigned long long>(s.pp), experts.c_str(), s.schedule.c_str(),
               static_cast<unsigned long long>(s.virtual_stages), s.stage_layers.c_str());
   std::printf("  global batch %llu x %llu tokens; corpus %s (fingerprint %s, tokenizer %s)\n",
               static_cast<unsigned long long>(s.global_batch), static_cast<unsigned long long>(s.seq_len),

@@ -99,13 +99,15 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& 
 void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout) {
   bool complete = true;
   for (auto& [name, carried] : grads.error_feedback()) {
-    if (same_layout && reader.find(name) != nullptr)
+    // (Buckets of another size, comm.bucket_mb changed say, carry errors of other gradients too.)
+    const CheckpointReader::DatasetInfo* stored = same_layout ? reader.find(name) : nullptr;
+    if (stored && stored->shape == carried.sizes().vec())
       carried.copy_(reader.read(name).to(carried.device()).view_as(carried));
     else
       complete = false;
   }
   if (!complete)
-    log::info("comm.error_feedback: ", reader.path(), same_layout ? " has no carried quantization error"
+    log::info("comm.error_feedback: ", reader.path(), same_layout ? " has no carried quantization error for these gradient buckets"
                                                                    : " was written on another layout",
               "; the error carried over starts from zero");
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "dstrain/ckpt/checkpoint_model.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/gather.h"
 #include "dstrain/core/error.h"
@@ -87,8 +88,10 @@ void TrainState::resume_from(const std::string& path) {
   // The generator states and carried quantization errors go back where they came from when the
   // layout is the same.
   const RankGrid& grid = parallel_.grid;
+  const int64_t their_ep = checkpoint_expert_parallel_size(state.config);
   const bool same_layout = state.world_size == static_cast<uint64_t>(grid.world()) &&
-                           state.dp == static_cast<uint64_t>(grid.dp()) && state.pp == static_cast<uint64_t>(grid.pp());
+                           state.dp == static_cast<uint64_t>(grid.dp()) &&
+                           state.pp == static_cast<uint64_t>(grid.pp()) && their_ep == parallel_.ep;
   restore_error_feedback(reader, *parts_.grads, same_layout);
   if (same_layout) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
@@ -98,7 +101,8 @@ void TrainState::resume_from(const std::string& path) {
   start_step_ = state.step;
   consumed_samples_ = static_cast<int64_t>(state.consumed_samples);
   log::info("resuming from ", path, ": after step ", state.step, ", ", state.consumed_samples,
-            " samples consumed; written by dp ", state.dp, " × pp ", state.pp, " (", state.schedule, ")",
+            " samples consumed; written by dp ", state.dp, " × pp ", state.pp,
+            their_ep > 1 ? " (experts over ep " + std::to_string(their_ep) + ")" : "", " (", state.schedule, ")",
             same_layout ? "" : ", continuing on this layout");
 }
 

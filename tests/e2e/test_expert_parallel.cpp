@@ -112,6 +112,10 @@ TEST(ExpertParallel, CheckpointsResumeOnAnyLayout) {
                              "optim/model.layers.2.mlp.experts.5.gate_proj.weight/exp_avg"})
       EXPECT_NE(reader.find(name), nullptr) << name;
   }
+  const RunOutput inspect = run_dstrain(0, {"ckpt", "inspect", middle});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("written by 4 ranks: dp 4 x pp 1 (experts over ep 4)"), std::string::npos)
+      << inspect.output;
   // Evaluated with its experts split again, the final model gives one rank's loss.
   double eval_loss[2] = {0, 0};
   for (int ep : {1, 4}) {

@@ -65,6 +65,33 @@ TEST(QuantizedGradients, ResumesBitwiseWithTheCarriedError) {
   EXPECT_EQ(read_json(resumed + "/summary.json")["param_digest"], read_json(whole + "/summary.json")["param_digest"]);
 }
 
+// Resumed on the same ranks with another parallel.ep, the carried errors belong to gradient
+// buckets of another layout: they start again from zero, as for another dp, and the run says so;
+// so do they for buckets of another size.
+TEST(QuantizedGradients, ResumedWithOtherBucketsTheCarriedErrorStartsAgain) {
+  const std::vector<std::string> common = {"--train.device", "cpu", "--optim.decay_steps", "4", "--ckpt.interval", "2",
+                                           "--comm.grad_dtype", "int8", "--comm.error_feedback", "true"};
+  const std::string dir = scratch_dir("quantized-other-ep");
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--parallel.ep", "2", "--train.steps", "2"});
+  RunOutput run = train_tiny_v3(2, dir, first);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<std::string> second = common;
+  second.insert(second.end(), {"--train.steps", "4"});
+  run = train_tiny_v3(2, dir, second);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("written by dp 2 × pp 1 (experts over ep 2)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("was written on another layout; the error carried over starts from zero"),
+            std::string::npos)
+      << run.output;
+
+  second.insert(second.end(), {"--train.steps", "6", "--comm.bucket_mb", "0.05"});
+  run = train_tiny_v3(2, dir, second);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("has no carried quantization error for these gradient buckets"), std::string::npos)
+      << run.output;
+}
+
 TEST(QuantizedGradients, WorkWithZeroPipelineAndExpertParallelism) {
   struct Case {
     const char* name;

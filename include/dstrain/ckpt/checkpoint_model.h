@@ -18,6 +18,10 @@ namespace dstrain {
 // "section.key" → value.
 std::map<std::string, std::string> checkpoint_config_values(const std::string& config_text);
 
+// How many ranks shared each MoE layer's experts when the checkpoint was written: its
+// configuration's parallel.ep (1 where it has none, a checkpoint from before expert parallelism).
+int64_t checkpoint_expert_parallel_size(const std::string& config_text);
+
 // The checkpoint's effective configuration as `--section.key=value` arguments of `dstrain train`,
 // for the sections that describe the model and its data ([model], [train], [optim], [data]):
 // how and where it ran ([run], [parallel], [comm], [ckpt], [log], [debug], train.device and the
