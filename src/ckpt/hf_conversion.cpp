@@ -159,9 +159,9 @@ void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, cons
       plan.copies.emplace_back(name, original);
     } else if (ends_with(name, "rotary_emb.inv_freq")) {
       // a buffer older files carry; dstrain computes its rotary tables
-    } else if (layer >= model.num_layers && is_mtp_layer(layer)) {
+    } else if (layer >= model.num_layers && !layers.count(layer) && is_mtp_layer(layer)) {
       ++plan.unbuilt;
-    } else if (layer >= model.num_layers) {
+    } else if (layer >= model.num_layers && !layers.count(layer)) {
       plan.problems.push_back(weights.file_of(name) + ": tensor " + name + " is in decoder layer " +
                               std::to_string(layer) + ", beyond the configuration's model.num_layers = " +
                               std::to_string(model.num_layers) + " (a deeper model?)");
