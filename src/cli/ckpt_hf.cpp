@@ -69,7 +69,8 @@ uint64_t parse_size(const std::string& text) {
 
 // An import without a dstrain configuration: the `--model.*` arguments that turn the default model
 // into the one the config.json beside `source` describes (every setting config.json and dstrain
-// share that changes the logits, the multi-token prediction depth, max_position_embeddings),
+// share that changes the logits, the multi-token prediction depth, max_position_embeddings, the
+// balance loss's weight),
 // followed by `overrides`, which win. Throws Error(kUsage) when there is no config.json.
 std::vector<std::string> model_arguments_from_config_json(const std::string& source,
                                                           const std::vector<std::string>& overrides) {
@@ -85,6 +86,10 @@ std::vector<std::string> model_arguments_from_config_json(const std::string& sou
                                     {"max_position_embeddings", "--model.max_seq_len"}})
     if (config.contains(key) && config[key].is_number_integer())
       derived.insert(derived.end(), {option, std::to_string(config[key].get<int64_t>())});
+  // The balance loss's weight, a training setting: a model fine-tuned from the import, or exported
+  // again, keeps the one it came with.
+  if (config.contains("aux_loss_alpha") && config["aux_loss_alpha"].is_number())
+    derived.insert(derived.end(), {"--model.aux_loss_alpha", config["aux_loss_alpha"].dump()});
   // The comparison names the option of each setting that differs: applied, they leave none (a
   // second round settles settings whose comparison depends on others, such as MLA's head sizes).
   const OptionTable table = train_option_table();
