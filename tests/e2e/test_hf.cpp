@@ -244,10 +244,15 @@ TEST(HfImportExport, ExportImportRoundTripIsBitwiseAndUsable) {
     EXPECT_TRUE(reader.verify().empty());
     for (const auto& d : reader.datasets()) EXPECT_NE(d.name.rfind("optim/", 0), 0u) << d.name;
   }
-  RunOutput again = run_dstrain(0, {"ckpt", "export-hf", dir + "/imported.h5", "--output", dir + "/hf2"});
-  ASSERT_EQ(again.exit_code, 0) << again.output;
-  for (const char* file : {"model.safetensors", "config.json"})
-    EXPECT_EQ(file_bytes(dir + "/hf1/" + file), file_bytes(dir + "/hf2/" + file)) << file;
+  // Exported again, by either route in, the same files (the balance loss's weight included).
+  for (const char* route : {"imported", "from-json"}) {
+    const std::string out = dir + "/hf-again-" + route;
+    RunOutput again = run_dstrain(0, {"ckpt", "export-hf", dir + "/" + route + ".h5", "--output", out});
+    ASSERT_EQ(again.exit_code, 0) << again.output;
+    for (const char* file : {"model.safetensors", "config.json"})
+      EXPECT_EQ(file_bytes(dir + "/hf1/" + file), file_bytes(out + "/" + file)) << route << ": " << file;
+  }
+  EXPECT_GT(config["aux_loss_alpha"].get<double>(), 0.0);
 
   // bf16 and sharded: every tensor rounded the same way whichever the route.
   RunOutput bf16 = run_dstrain(0, {"ckpt", "export-hf", ckpt, "--output", dir + "/hf-bf16", "--dtype", "bf16",
@@ -520,6 +525,22 @@ TEST(HfImportExport, BadFilesAreClearErrorsAndLeaveTheOutputAlone) {
 // that tiny-v3's shapes end in partial blocks both ways; two shards, so that scales may lie in
 // another file than their weights) imports to each code's value times its block's scale as fp64
 // computes it, rounded once; the scales are consumed with their weights, not imported.
+// Only the multi-token prediction layers that the configuration does not build are skipped: in
+// one it builds, a tensor that is no parameter means another model, as in any other layer.
+TEST(HfImportExport, AnUnknownTensorInABuiltPredictionLayerIsRefused) {
+  const std::string dir = scratch_dir("hf-mtp-extra");
+  nlohmann::json spec = spec_of("tiny-v3.ini", {"F32"});
+  spec["tensors"].push_back(
+      {{"name", "model.layers.3.mlp.experts.9.gate_proj.weight"}, {"dtype", "F32"}, {"shape", {16, 32}}});
+  make_safetensors(dir, spec, dir + "/extra.safetensors");
+  RunOutput run = run_dstrain(0, {"ckpt", "import-hf", dir + "/extra.safetensors", "--config", input("tiny-v3.ini"),
+                                  "--output", dir + "/imported.h5"});
+  EXPECT_EQ(run.exit_code, 4) << run.output;
+  EXPECT_TRUE(contains(run.output, "tensor model.layers.3.mlp.experts.9.gate_proj.weight is no parameter"))
+      << run.output;
+  EXPECT_FALSE(dstrain::files::exists(dir + "/imported.h5"));
+}
+
 TEST(HfImportExport, Fp8BlockScaledWeightsImportToCodeTimesScale) {
   const std::string dir = scratch_dir("hf-fp8");
   const std::vector<int64_t> block = {16, 12};
