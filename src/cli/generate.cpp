@@ -50,6 +50,19 @@ std::unique_ptr<Tokenizer> tokenizer_of_model(const std::string& given, const st
   return tokenizer;
 }
 
+// generate runs the whole model on one process: of the training configuration only the model's
+// settings mean anything to it. (A layout such as --parallel.ep would otherwise pass in silence.)
+void refuse_settings_beyond_the_model(const std::vector<std::string>& overrides) {
+  for (const std::string& arg : overrides) {
+    if (arg.rfind("--", 0) != 0) continue;
+    const std::string key = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    if (key.find('.') != std::string::npos && key.rfind("model.", 0) != 0)
+      throw Error(ExitCode::kUsage, "generate: --" + key + " is not a setting of generate, which runs the whole model "
+                                    "on one process: besides its own options it takes --model.* settings only (see "
+                                    "dstrain generate --help)");
+  }
+}
+
 }  // namespace
 
 int generate_command(const std::vector<std::string>& args) {
@@ -62,6 +75,7 @@ int generate_command(const std::vector<std::string>& args) {
     std::cout << kGenerateUsage;
     return 0;
   }
+  refuse_settings_beyond_the_model(parsed.overrides);
   for (const char* required : {"ckpt", "prompt"})
     if (!parsed.own.count(required))
       throw Error(ExitCode::kUsage, std::string("generate: give --") + required + " (see dstrain generate --help)");

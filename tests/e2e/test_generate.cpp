@@ -119,6 +119,10 @@ TEST(Generate, SamplingIsSeededAndBadOptionsAreClearErrors) {
   EXPECT_NE(long_prompt.output.find("--prompt"), std::string::npos) << long_prompt.output;
   RunOutput no_ckpt = run_dstrain(0, {"generate", "--ckpt", "/nonexistent", "--prompt", "x"});
   EXPECT_EQ(no_ckpt.exit_code, 4) << no_ckpt.output;
+  // A layout means nothing to one process running the whole model: refused, not ignored.
+  RunOutput layout = generate(ckpt, {"--parallel.ep", "3"});
+  EXPECT_EQ(layout.exit_code, 2) << layout.output;
+  EXPECT_NE(layout.output.find("--parallel.ep is not a setting of generate"), std::string::npos) << layout.output;
 }
 
 // A model trained on a BPE corpus: generate needs that tokenizer.json (the checkpoint records its
