@@ -1,6 +1,8 @@
 #include "dstrain/model/grouped_matmul.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -22,11 +24,14 @@ void give_up(const std::string& why) {
                  "after another from now on: ", why);
 }
 
-// 16-byte rows and row starts in bf16, whichever way the operand is laid out.
-bool aligned(const torch::Tensor& t) {
-  for (int64_t size : t.sizes().slice(static_cast<size_t>(t.dim() - 2)))
-    if (size % 8 != 0) return false;
-  return true;
+// As LibTorch checks each operand (its kernel reads them by TMA): 16-byte aligned data, one of the
+// last two dimensions contiguous and the other's stride a multiple of 16 bytes (8 in bf16).
+bool laid_out_for_the_kernel(const torch::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  const int64_t rows = t.dim() - 2, columns = t.dim() - 1;
+  if (t.stride(columns) == 1) return t.stride(rows) % 8 == 0 && t.stride(rows) >= std::max<int64_t>(1, t.size(columns));
+  if (t.stride(rows) == 1) return t.stride(columns) % 8 == 0 && t.stride(columns) >= std::max<int64_t>(1, t.size(rows));
+  return false;
 }
 
 torch::Tensor call_grouped_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& offsets) {
@@ -43,8 +48,10 @@ torch::Tensor call_grouped_mm(const torch::Tensor& a, const torch::Tensor& b, co
 bool grouped_matmul_available() { return kHasGroupedMm && !refused.load(); }
 
 bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b) {
+  // (A result row of a multiple of 8 is dense: LibTorch pads the others.)
   return a.is_cuda() && b.is_cuda() && a.scalar_type() == torch::kBFloat16 && b.scalar_type() == torch::kBFloat16 &&
-         aligned(a) && aligned(b) && grouped_matmul_available();
+         a.dim() == 2 && (b.dim() == 2 || b.dim() == 3) && a.numel() > 0 && b.size(-1) % 8 == 0 &&
+         laid_out_for_the_kernel(a) && laid_out_for_the_kernel(b) && grouped_matmul_available();
 }
 
 torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& b, const std::vector<int64_t>& group_sizes) {

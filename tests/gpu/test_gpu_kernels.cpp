@@ -187,22 +187,24 @@ TEST_F(GpuKernels, RopeAndItsGradientEqualTheRotationInFp64) {
 
 // The routed experts' products as LibTorch's grouped kernel computes them (model/grouped_matmul.h,
 // LibTorch 2.8 and later) against the per-expert loop in fp64 from the same bf16 values: the
-// output, the rows' gradient and every expert's weight gradient, for groups of uneven sizes (not
-// multiples of 8) and an expert without rows, whose weight gradient must be exactly zero.
+// output, the rows' gradient and every expert's weight gradient, for groups of uneven sizes (31
+// rows in all, no multiple of 8) and an expert without rows, whose weight gradient must be zero.
 TEST_F(GpuKernels, GroupedExpertProductsEqualTheLoopInFp64) {
   if (!DSTRAIN_TORCH_AT_LEAST(2, 8)) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no grouped product";
   torch::manual_seed(17);
-  const std::vector<int64_t> counts = {5, 0, 11, 16};
-  const int64_t rows = 32, in = 64, out = 48;
+  const std::vector<int64_t> counts = {5, 0, 11, 15};
+  const int64_t rows = 31, in = 64, out = 48;
   const torch::Tensor input = torch::randn({rows, in}, torch::kFloat64);
   const torch::Tensor weights = torch::randn({4, out, in}, torch::kFloat64) * 0.2;
   const torch::Tensor upstream = torch::randn({rows, out}, torch::kFloat64);
   const torch::ScalarType bf16 = torch::kBFloat16;
 
   torch::Tensor x = input.to(torch::kCUDA, bf16).requires_grad_(), w = weights.to(torch::kCUDA, bf16).requires_grad_();
-  ASSERT_TRUE(grouped_matmul_applies(x, w.transpose(1, 2)));
+  ASSERT_TRUE(grouped_matmul_applies(x, w.transpose(1, 2)));     // forward
+  const torch::Tensor grad_out = upstream.to(torch::kCUDA, bf16);
+  ASSERT_TRUE(grouped_matmul_applies(grad_out.t(), x.detach()));  // the weight gradient's
   torch::Tensor got = grouped_projection(x, w, counts);
-  got.backward(upstream.to(torch::kCUDA, bf16));
+  got.backward(grad_out);
   EXPECT_TRUE(grouped_matmul_available()) << "a grouped product failed, and the loop computed instead";
 
   torch::Tensor x64 = rounded(input, bf16).requires_grad_(), w64 = rounded(weights, bf16).requires_grad_();

@@ -5,8 +5,9 @@
 // Two forms, the groups given by their sizes:
 //   a [M, K] × b [G, K, N] → [M, N]     group g: rows of a (and of the result) times b[g]
 //   a [M, K] × b [K, N]    → [G, M, N]  group g: a slice of K, the columns of a and rows of b
-// It applies to CUDA bf16 operands whose dimensions are multiples of 8 (16-byte rows, which the
-// kernel needs). If LibTorch refuses a call it says why once, as a warning, and grouped_matmul
+// It applies to CUDA bf16 operands laid out as LibTorch requires (16-byte aligned, each matrix
+// contiguous along rows or columns with a 16-byte multiple between them) and a result whose rows
+// are a multiple of 8 long; the number of rows of `a`, and the groups' sizes, are free. If LibTorch refuses a call it says why once, as a warning, and grouped_matmul
 // returns an undefined tensor from then on: the caller's loop computes the same products.
 #pragma once
 
