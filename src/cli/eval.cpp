@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "command_args.h"
+#include "command_line_check.h"
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
@@ -37,24 +38,32 @@ const char* kEvalUsage =
 }  // namespace
 
 int eval_command(int argc, char** argv, const std::vector<std::string>& args) {
-  const CommandArgs parsed = split_command_args(args, {"ckpt", "data", "batches", "json"}, "eval");
-  if (parsed.help) {
+  CommandArgs parsed;
+  std::string corpus;
+  int64_t batches = 0;
+  const CommandLineCheck check([&] {
+    parsed = split_command_args(args, {"ckpt", "data", "batches", "json"}, "eval");
+    if (parsed.help) return;
+    for (const char* required : {"ckpt", "data"})
+      if (!parsed.own.count(required))
+        throw Error(ExitCode::kUsage, std::string("eval: give --") + required + " (see dstrain eval --help)");
+    corpus = parsed.own.at("data");
+    if (!files::is_regular_file(corpus))
+      throw config_error("--data", corpus, "no such file (make a corpus with `dstrain prep`)");
+    batches = static_cast<int64_t>(number_option(parsed, "batches", 0, 0, 1e15, true));
+    if (const auto json = parsed.own.find("json"); json != parsed.own.end()) {  // before the evaluation, not after
+      std::string why;
+      if (files::is_directory(json->second) || !files::make_parent_directories(json->second, &why))
+        throw config_error("--json", json->second, why.empty() ? "a directory" : "cannot create its directory (" + why + ")");
+    }
+  });
+  if (!check.failed() && parsed.help) {
     std::cout << kEvalUsage;
     return 0;
   }
-  for (const char* required : {"ckpt", "data"})
-    if (!parsed.own.count(required))
-      throw Error(ExitCode::kUsage, std::string("eval: give --") + required + " (see dstrain eval --help)");
-  const std::string corpus = parsed.own.at("data");
-  if (!files::is_regular_file(corpus)) throw config_error("--data", corpus, "no such file (make a corpus with `dstrain prep`)");
-  const int64_t batches = static_cast<int64_t>(number_option(parsed, "batches", 0, 0, 1e15, true));
-  if (const auto json = parsed.own.find("json"); json != parsed.own.end()) {  // before the evaluation, not after
-    std::string why;
-    if (files::is_directory(json->second) || !files::make_parent_directories(json->second, &why))
-      throw config_error("--json", json->second, why.empty() ? "a directory" : "cannot create its directory (" + why + ")");
-  }
 
   MpiSession mpi(&argc, &argv);
+  check.agree(mpi.world_rank());
   log::configure(mpi.world_rank(), mpi.world_size(), false);
   OptionTable table = train_option_table();
   std::string checkpoint;

@@ -12,6 +12,7 @@
 
 #include "bench.h"
 #include "ckpt.h"
+#include "command_line_check.h"
 #include "model_info.h"
 #include "eval.h"
 #include "generate.h"
@@ -62,7 +63,8 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
     std::cout << option_reference_markdown(table);  // README's configuration reference
     return 0;
   }
-  ParsedCommandLine parsed = parse_command_line(table, args);
+  ParsedCommandLine parsed;
+  const CommandLineCheck check([&] { parsed = parse_command_line(table, args); });
   if (parsed.help_requested) {
     std::cout << "usage: [mpirun -np N] dstrain train [--config FILE.ini] [--section.key value ...]\n\n"
                  "Every key can be set in the INI file (under [section]) or on the command line,\n"
@@ -70,7 +72,8 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
               << table.help_text();
     return 0;
   }
-  MpiSession mpi(&argc, &argv, startup_timeout_s(parsed.options.raw("comm.timeout_s")));
+  MpiSession mpi(&argc, &argv, startup_timeout_s(check.failed() ? "" : parsed.options.raw("comm.timeout_s")));
+  check.agree(mpi.world_rank());
   log::configure(mpi.world_rank(), mpi.world_size(), false);
   if (mpi.world_rank() == 0) {
     log::info(system_report());
@@ -98,9 +101,12 @@ int bench_command(int argc, char** argv, const std::vector<std::string>& args) {
     throw Error(ExitCode::kUsage, "bench: say what to measure: step, comm, memory or io (see dstrain bench --help)");
   }
   OptionTable table = bench::option_table();
-  ParsedCommandLine parsed = parse_command_line(table, std::vector<std::string>(args.begin() + 1, args.end()));
+  ParsedCommandLine parsed;
+  const CommandLineCheck check(
+      [&] { parsed = parse_command_line(table, std::vector<std::string>(args.begin() + 1, args.end())); });
   if (parsed.help_requested) return bench_command(argc, argv, {"--help"});
   MpiSession mpi(&argc, &argv);
+  check.agree(mpi.world_rank());
   log::configure(mpi.world_rank(), mpi.world_size(), false);
   const std::string& kind = args[0];
   nlohmann::json result = kind == "step"   ? bench::step(parsed.options)
@@ -142,16 +148,18 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
       ("memory-limit", po::value<int64_t>(&memory_limit_mb)->default_value(1024),
        "MB of text and tokens in flight per process (inputs of any size stream through it)");
   po::variables_map given;
-  parse_command_options(args, description, &given, "prep");
-  if (threads < 0 || threads > 1024)
-    throw config_error("--threads", std::to_string(threads), "0 (one per core) to 1024");
-  options.threads = static_cast<unsigned>(threads);
-  if (memory_limit_mb < 16 || memory_limit_mb > (int64_t{1} << 40))
-    throw config_error("--memory-limit", std::to_string(memory_limit_mb), "16 to 2^40 (MB)");
-  options.memory_limit_mb = static_cast<uint64_t>(memory_limit_mb);
-  if (seed < 0) throw config_error("--seed", std::to_string(seed), "0 or more");
-  options.seed = static_cast<uint64_t>(seed);
-  if (given.count("help")) {
+  const CommandLineCheck check([&] {
+    parse_command_options(args, description, &given, "prep");
+    if (threads < 0 || threads > 1024)
+      throw config_error("--threads", std::to_string(threads), "0 (one per core) to 1024");
+    options.threads = static_cast<unsigned>(threads);
+    if (memory_limit_mb < 16 || memory_limit_mb > (int64_t{1} << 40))
+      throw config_error("--memory-limit", std::to_string(memory_limit_mb), "16 to 2^40 (MB)");
+    options.memory_limit_mb = static_cast<uint64_t>(memory_limit_mb);
+    if (seed < 0) throw config_error("--seed", std::to_string(seed), "0 or more");
+    options.seed = static_cast<uint64_t>(seed);
+  });
+  if (!check.failed() && given.count("help")) {
     std::cout << "usage: [mpirun -np N] dstrain prep --input FILE... --output corpus.h5 [--tokenizer tokenizer.json]\n"
                  "       [--valid-fraction F] [--shuffle] [--threads T] [--memory-limit MB]\n\n"
                  "With N processes each tokenizes a block of the input files; the result is the same.\n\n"
@@ -159,6 +167,7 @@ int prep_command(int argc, char** argv, const std::vector<std::string>& args) {
     return 0;
   }
   MpiSession mpi(&argc, &argv);
+  check.agree(mpi.world_rank());
   log::configure(mpi.world_rank(), mpi.world_size(), false);
   options.rank = mpi.world_rank();
   options.world = mpi.world_size();

@@ -210,6 +210,8 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
       // A prefix of one option (train.steps) is not that option: the same key in a file is refused too.
       {0, {"--train.step", "5"}, "unrecognised option '--train.step'"},
+      // Read by every rank before MPI starts, reported by one.
+      {2, {"--train.stpes", "5"}, "unrecognised option '--train.stpes'"},
       // The checkpoint directory is run.dir's unless ckpt.dir says otherwise: the message names run.dir.
       {0, {"--run.dir", dir + "/a-file/run"}, "run.dir = " + dir + "/a-file/run: cannot create " + dir + "/a-file/run/checkpoints"},
       {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
@@ -224,6 +226,7 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
     EXPECT_NE(run.output.find(c.expected), std::string::npos) << "expected \"" << c.expected << "\" in:\n" << run.output;
     // One message, not one per rank (dstrain's own lines: an MPI library may log "error:" too).
     EXPECT_EQ(run.output.find("] error:"), run.output.rfind("] error:")) << run.output;
+    EXPECT_EQ(run.output.find(c.expected), run.output.rfind(c.expected)) << run.output;
     EXPECT_EQ(run.output.find("Traceback"), std::string::npos);
     // Some of these fail after the checkpoint directory was made: a failed start removes it again.
     EXPECT_FALSE(dstrain::files::exists(dir + "/run")) << c.expected;
