@@ -70,6 +70,12 @@ bool make_directories(const std::string& path, std::string* error, std::vector<s
   return true;
 }
 
+bool can_write_in(const std::string& dir, std::string* error) {
+  if (::access(dir.c_str(), W_OK | X_OK) == 0) return true;
+  *error = std::strerror(errno);
+  return false;
+}
+
 bool make_parent_directories(const std::string& path, std::string* error, std::vector<std::string>* made) {
   const std::string dir = parent(path);
   return dir.empty() || make_directories(dir, error, made);

@@ -49,6 +49,12 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
         throw config_error("run.dir", config.run.dir, "cannot create " + config.ckpt.dir + " (" + why + ")");
       throw config_error("ckpt.dir", config.ckpt.dir, "cannot create this directory (" + why + ")");
     }
+    // Found now, not at the first save, after a whole interval of steps.
+    if (!files::can_write_in(config.ckpt.dir, &why)) {
+      if (config.ckpt.dir_in_run_dir)
+        throw config_error("run.dir", config.run.dir, "cannot write in " + config.ckpt.dir + " (" + why + ")");
+      throw config_error("ckpt.dir", config.ckpt.dir, "cannot write in this directory (" + why + ")");
+    }
     resume = resolve_resume(config.ckpt.resume, config.ckpt.dir);
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");

@@ -20,9 +20,9 @@ namespace {
 // A tmpfs of `kilobytes` mounted over a scratch directory while it lives.
 class TinyFileSystem {
  public:
-  explicit TinyFileSystem(const std::string& dir, int kilobytes) : dir_(dir) {
+  explicit TinyFileSystem(const std::string& dir, int kilobytes, unsigned long flags = 0) : dir_(dir) {
     const std::string options = "size=" + std::to_string(kilobytes) + "k";
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", flags, options.c_str()) == 0;
     if (!mounted_) why_ = std::strerror(errno);
   }
   ~TinyFileSystem() {
@@ -62,6 +62,21 @@ TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
   const RunOutput run = train_tiny(0, dir + "/run", {"--ckpt.save_final", "true", "--train.steps", "4"});
   expect_clean_failure(run, "final_model.h5.tmp");
   EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
+}
+
+// A checkpoint directory on a read-only file system: refused at the start (exit 2), not at the
+// first save, after an interval of steps that would then be lost.
+TEST(FullDisk, AReadOnlyCheckpointDirectoryIsRefusedBeforeAnyStep) {
+  const std::string dir = scratch_dir("read-only-checkpoints");
+  TinyFileSystem disk(dir, 80, MS_RDONLY);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  const RunOutput run = train_tiny(0, scratch_dir("read-only-checkpoints-run"),
+                                   {"--ckpt.dir", dir, "--ckpt.interval", "2", "--train.steps", "4"});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("ckpt.dir = " + dir + ": cannot write in this directory (Read-only file system)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("step 1/4"), std::string::npos) << run.output;
 }
 
 // The same with several ranks, where every rank writes its share of one file through MPI-IO: the

@@ -22,6 +22,9 @@ std::vector<std::string> directory_entries(const std::string& dir);
 // Creates `path` and its missing parents; on failure returns false with the reason in `error`.
 // `made`, when given, gets the directories this call created appended, outermost first.
 bool make_directories(const std::string& path, std::string* error, std::vector<std::string>* made = nullptr);
+// Whether files can be made in directory `dir` (a read-only file system, say, makes none); when
+// not, the reason in `error`.
+bool can_write_in(const std::string& dir, std::string* error);
 // make_directories for the directory that file `path` goes in (nothing to do when it names none).
 bool make_parent_directories(const std::string& path, std::string* error, std::vector<std::string>* made = nullptr);
 // Removes those of `made` (as make_directories lists them) that are empty, innermost first: what
