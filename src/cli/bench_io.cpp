@@ -13,6 +13,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
+#include "dstrain/dist/agreed_phase.h"
 #include "dstrain/dist/parallel_context.h"
 #include "dstrain/train/job.h"
 
@@ -41,9 +42,18 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   const std::string dir = ckpt.dir + "/bench-io";
   // Removed afterwards, so it must be the benchmark's own: rank 0 looks before anyone creates it.
   const std::string seen_by_rank_0 = parallel.world_rank == 0 && files::exists(dir) ? "exists" : "";
+  const std::string key = ckpt.dir_in_run_dir ? "run.dir" : "ckpt.dir";
   if (!parallel.world->broadcast_string(seen_by_rank_0, 0).empty())
-    throw config_error(ckpt.dir_in_run_dir ? "run.dir" : "ckpt.dir", ckpt.dir_in_run_dir ? run_dir : ckpt.dir,
+    throw config_error(key, ckpt.dir_in_run_dir ? run_dir : ckpt.dir,
                        dir + " exists already; remove it, or choose another directory");
+  // Made by rank 0 before the writer, so that it knows which of the parents it made too: the
+  // benchmark leaves none of them behind.
+  std::vector<std::string> made;
+  agreed_phase(parallel.world_rank, [&] {
+    std::string why;
+    if (parallel.world_rank == 0 && !files::make_directories(dir, &why, &made))
+      throw config_error(key, ckpt.dir_in_run_dir ? run_dir : ckpt.dir, "cannot create " + dir + " (" + why + ")");
+  });
   // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
   // data-parallel ranks of a stage share its parameters and optimizer state.
   const int64_t tensors = std::max<int64_t>(1, o.get_int("bench.ckpt_mb", 1) / 16);
@@ -63,7 +73,10 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   log::info(line);
   rows.push_back({{"write", "checkpoint"}, {"bytes", bytes}, {"seconds", seconds}, {"blocked_seconds", blocked},
                   {"mbps", bytes / seconds / 1e6}, {"ranks", job.world_size}});
-  if (parallel.world_rank == 0) files::remove_tree(dir);
+  if (parallel.world_rank == 0) {
+    files::remove_tree(dir);
+    files::remove_empty_directories(made);
+  }
   return bytes;
 }
 

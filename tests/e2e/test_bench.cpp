@@ -11,7 +11,7 @@
 using namespace dstrain::e2e;
 
 // bench io on 2 ranks: reads the corpus, writes one checkpoint the way training does (under
-// ckpt.dir, by default RUN_DIR/checkpoints), removes it.
+// ckpt.dir, by default RUN_DIR/checkpoints), removes it and the directories it made.
 TEST(Bench, IoReadsTheCorpusAndWritesACheckpoint) {
   const std::string dir = scratch_dir("bench-io");
   RunOutput run = run_dstrain(2, {"bench", "io", "--data.train", test_corpus().train, "--run.dir", dir + "/run",
@@ -28,7 +28,8 @@ TEST(Bench, IoReadsTheCorpusAndWritesACheckpoint) {
   EXPECT_NE(run.output.find("checkpoint of step 1: " + dir + "/run/checkpoints/bench-io/step_00000001.h5"),
             std::string::npos)
       << run.output;
-  EXPECT_FALSE(dstrain::files::exists(dir + "/run/checkpoints/bench-io"));  // nothing left behind
+  // Nothing left behind, not even the directories it made for it.
+  EXPECT_FALSE(dstrain::files::exists(dir + "/run")) << run.output;
 }
 
 // The directory it would write in and remove afterwards is refused when it exists already, and
