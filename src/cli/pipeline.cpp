@@ -62,7 +62,10 @@ void print_published_bubble(ScheduleKind kind, int pp, int m, const SimulationCo
                   (pp - 1) * (f + b - w));
       break;
     case ScheduleKind::kZbV:
-      std::printf("published (Qi et al. 2024): no idle time once a stage has started, for F = B = W and m >= 2p - 1\n");
+      // The V's two ends: the later stages wait for the first forwards, the earlier ones for the last backwards.
+      std::printf("published (Qi et al. 2024, for F = B = W and m >= 2p - 1): only the pipeline's fill and drain, "
+                  "(p - 1)F = %.2f idle on every stage\n",
+                  (pp - 1) * f);
       break;
     case ScheduleKind::kDualPipeV:
       std::printf("published (deepseek-ai/DualPipe, with F&B = F + B unoverlapped; exact for F = B): "
