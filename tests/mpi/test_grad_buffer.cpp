@@ -301,6 +301,7 @@ TEST(GradientBuffer, QuantizedInfinityComesBackNotFinite) {
 // the same gradient the mean of the averages is within 1/K of the quantization bound of exact.
 TEST(GradientBuffer, ErrorFeedbackCarriesTheQuantizationErrorOver) {
   MpiCommunicator dp(MPI_COMM_WORLD);
+  if (dp.size() == 1) GTEST_SKIP() << "one rank sends nothing: nothing is quantized, so no error is carried";
   const int64_t n = dp.size(), length = 3000, steps = 8;
   const int64_t padded = (length + n * kQuantizationBlock - 1) / (n * kQuantizationBlock) * (n * kQuantizationBlock);
   const int64_t chunk = padded / n;
