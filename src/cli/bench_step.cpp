@@ -12,6 +12,7 @@
 #include "dstrain/data/corpus.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
+#include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/train/trainer.h"
@@ -82,6 +83,7 @@ nlohmann::json step(Options o) {
                         {"ranks", world_size},
                         {"precision", o.raw("train.precision")},
                         {"cuda_kernels", cuda_kernels_enabled() && on_gpu},  // dstrain's own: built, on, used
+                        {"grouped_experts", grouped_matmul_available() && on_gpu && model.n_routed_experts > 0},
                         {"params", count_parameters(model).total},
                         {"seq_len", seq},
                         {"flops_per_token", training_flops_per_token(model, seq)},

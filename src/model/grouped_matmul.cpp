@@ -17,6 +17,7 @@ namespace {
 constexpr bool kHasGroupedMm = DSTRAIN_TORCH_AT_LEAST(2, 8);
 
 std::atomic<bool> refused{false};  // a call failed: the loops compute from then on
+std::atomic<bool> enabled{true};   // train.grouped_experts
 
 void give_up(const std::string& why) {
   if (!refused.exchange(true))
@@ -45,7 +46,9 @@ torch::Tensor call_grouped_mm(const torch::Tensor& a, const torch::Tensor& b, co
 
 }  // namespace
 
-bool grouped_matmul_available() { return kHasGroupedMm && !refused.load(); }
+bool grouped_matmul_available() { return kHasGroupedMm && enabled.load() && !refused.load(); }
+
+void enable_grouped_matmul(bool on) { enabled = on; }
 
 bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b) {
   // (A result row of a multiple of 8 is dense: LibTorch pads the others.)

@@ -8,6 +8,7 @@
 #include "dstrain/dist/deadline.h"
 #include "dstrain/dist/mpi_progress.h"
 #include "dstrain/model/cuda_kernels.h"
+#include "dstrain/model/grouped_matmul.h"
 
 namespace dstrain {
 
@@ -27,6 +28,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   torch::set_num_threads(job.config.loop.threads);
   blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
   enable_cuda_kernels(job.config.loop.cuda_kernels);
+  enable_grouped_matmul(job.config.loop.grouped_experts);
   std::string backend;
   agreed_phase(job.world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)
     job.placement = place_rank(job.config.loop.device);

@@ -39,6 +39,9 @@ void add_loop_options(OptionTable& t) {
   t.add("train.cuda_kernels", OptionKind::kBool, "true",
         "dstrain's own fused CUDA kernels (LM loss softmax, SwiGLU, RoPE) on GPUs where built; "
         "false: LibTorch's operations");
+  t.add("train.grouped_experts", OptionKind::kBool, "true",
+        "the routed experts' matrix products as one grouped kernel (aten::_grouped_mm: LibTorch 2.8+, CUDA, "
+        "bf16) where it applies; false: one product per expert");
   t.add("train.recompute", OptionKind::kString, "none",
         "activations rerun in the backward pass instead of kept: none; selective (DeepSeek-V3's: the RMSNorm "
         "outputs, MLA's up-projections and the SwiGLU activations of the decoder layers); or full (a decoder "
@@ -102,6 +105,7 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
+  c.grouped_experts = o.get_bool("train.grouped_experts");
   c.recompute = o.get_choice("train.recompute", {"none", "selective", "full"});
   c.recompute_layers = o.get_int("train.recompute_layers", 0);
   if (c.recompute_layers > 0 && c.recompute != "full")

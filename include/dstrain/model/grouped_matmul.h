@@ -17,8 +17,11 @@
 
 namespace dstrain {
 
-// Whether this build's LibTorch has the product (and it has not failed before).
+// Whether this build's LibTorch has the product, it is switched on (train.grouped_experts) and it
+// has not failed before.
 bool grouped_matmul_available();
+// train.grouped_experts: off, the callers loop even where the product would apply.
+void enable_grouped_matmul(bool on);
 // Whether it applies to operands `a` and `b`.
 bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b);
 // The product, or an undefined tensor where it does not apply. `group_sizes` sum to M (3-D b) or

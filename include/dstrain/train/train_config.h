@@ -32,6 +32,7 @@ struct LoopConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   double peak_tflops = 0;          // 0: known figures by GPU name
   bool cuda_kernels = true;        // dstrain's own, where built (model/cuda_kernels.h)
+  bool grouped_experts = true;     // LibTorch's grouped product for routed experts (model/grouped_matmul.h)
   std::string recompute = "none";  // none | selective | full (model/recompute.h)
   int64_t recompute_layers = 0;    // full: the first N decoder layers of each model chunk; 0: all
   BatchRampup rampup;              // the global batch's ramp-up to global_batch (data/batch_rampup.h)
