@@ -32,7 +32,8 @@ cd "$root"
   python3 -c 'import torch; q = torch.randn(4, 16, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True); print("sdpa backend for the 1B shapes:", torch._fused_sdp_choice(q, q, q, is_causal=True), [(b.name, int(b.value)) for b in torch.nn.attention.SDPBackend.__members__.values()])'
 } >>"$log" 2>&1
 # Should dstrain's own CUDA kernels not build here, the rest is still worth measuring without them.
-{ stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" &&
+# (ON said again: a build directory that the fallback below configured keeps OFF in its cache.)
+{ stage configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" -DDSTRAIN_CUDA_KERNELS=ON &&
     stage build cmake --build "$build" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS}; } ||
   { stage "configure, no kernels" cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" \
       -DDSTRAIN_CUDA_KERNELS=OFF &&
