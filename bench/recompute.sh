@@ -31,7 +31,7 @@ for model in "${models[@]}"; do
   for mode in none selective full; do
     "$dstrain" bench step "${args[@]}" "${common[@]}" --train.recompute "$mode" "${device[@]}" "${steps[@]}" \
       --bench.json "$work/step.json" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
-    "$dstrain" model info --json "${args[@]}" "${common[@]}" --train.recompute "$mode" >"$work/info.json"
+    "$dstrain" model info --json "${args[@]}" "${common[@]}" --train.recompute "$mode" "${device[@]}" >"$work/info.json"
     python3 - "$work/step.json" "$work/info.json" "$model" "$mode" "$step_tokens" <<'PY'
 import json, sys
 step, info = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

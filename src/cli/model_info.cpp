@@ -132,7 +132,7 @@ int model_command(const std::vector<std::string>& args_given) {
   ParsedCommandLine parsed = parse_command_line(table, args);
   if (ranks == 0) ranks = fewest_ranks(parsed.options);
   const TrainConfig config = read_model_and_layout(parsed.options, ranks);
-  const MemoryPlan plan = plan_memory(config, compat::kHasFusedAttention);
+  const MemoryPlan plan = plan_memory(config, fused_operations(config));
   if (json)
     std::cout << info_json(config, ranks, plan).dump(2) << "\n";
   else

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
+#include "dstrain/core/torch_compat.h"
 #include "dstrain/model/activation_memory.h"
+#include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/pipeline/schedule.h"
@@ -29,12 +32,14 @@ MemoryPlan state_memory(const TrainConfig& c, const StageParameters& stage) {
   return plan;
 }
 
-ActivationMemoryOptions activation_options(const TrainConfig& c, bool fused_attention) {
+ActivationMemoryOptions activation_options(const TrainConfig& c, const FusedOperations& fused) {
   ActivationMemoryOptions o;
   o.micro_batch = c.loop.micro_batch;
   o.seq_len = c.loop.seq_len;
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
-  o.fused_attention = fused_attention;
+  o.fused_attention = fused.attention;
+  o.fused_norm = fused.rms_norm;
+  o.fused_swiglu = fused.swiglu;
   o.tokens_exchanged = c.parallel.ep > 1;
   return o;
 }
@@ -88,13 +93,19 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
   return p;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, bool fused_attention) {
+FusedOperations fused_operations(const TrainConfig& c) {
+  const bool cuda = c.loop.device == "cuda" || (c.loop.device == "auto" && accel::device_count() > 0);
+  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda,
+          cuda && cuda_kernels_built() && c.loop.cuda_kernels};
+}
+
+MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
   const int pp = c.parallel.pp, chunks = c.parallel.virtual_stages;
   const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
   const Schedule schedule = make_schedule(schedule_kind_named(c.parallel.schedule), pp, chunks,
                                           static_cast<int>(c.loop.grad_accum));
   const std::vector<std::vector<ActivationMemoryOptions>> held =
-      micro_batches_held(schedule, activation_options(c, fused_attention));
+      micro_batches_held(schedule, activation_options(c, fused));
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<LayerSlice> mine;

@@ -10,7 +10,6 @@
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/step_memory.h"
-#include "dstrain/core/torch_compat.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/data/mixture.h"
@@ -342,8 +341,8 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
 // The memory this rank shares with the others of its node: its GPU (placement gives local rank r
 // GPU r % gpus), or the host's.
 void require_state_fits_here(const Job& job) {
-  const MemoryPlan plan = plan_memory(job.config, compat::kHasFusedAttention);
   const DevicePlacement& place = job.placement;
+  const MemoryPlan plan = plan_memory(job.config, fused_operations(job.config));
   if (!place.device.is_cuda()) {
     require_state_fits(plan, place.local_size, accel::host_available_bytes(), "this host's available memory");
     return;

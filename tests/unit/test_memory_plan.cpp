@@ -77,17 +77,17 @@ TEST(MemoryPlan, StageParametersSplitRoutedExpertsFromTheRest) {
 // bf16 parameters, fp32 gradients, fp32 masters and moments (12 bytes per parameter).
 TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
   const double held = kReplicated + kExperts / 4;
-  const MemoryPlan plan = plan_memory(tiny_v3(8, 4, 0), false);
+  const MemoryPlan plan = plan_memory(tiny_v3(8, 4, 0), FusedOperations{});
   EXPECT_DOUBLE_EQ(plan.parameters, 2 * held);
   EXPECT_DOUBLE_EQ(plan.gradients, 4 * held);
   EXPECT_DOUBLE_EQ(plan.optimizer_state, 12 * held);
   // ZeRO-1: the replicated part's state over the 8 data-parallel ranks, the experts' over the 2
   // ranks holding the same quarter.
-  const MemoryPlan sharded = plan_memory(tiny_v3(8, 4, 1), false);
+  const MemoryPlan sharded = plan_memory(tiny_v3(8, 4, 1), FusedOperations{});
   EXPECT_DOUBLE_EQ(sharded.parameters, 2 * held);
   EXPECT_DOUBLE_EQ(sharded.optimizer_state, 12 * (kReplicated / 8 + kExperts / 4 / 2));
   // Without expert parallelism every rank holds every expert, as before.
-  const MemoryPlan replicated = plan_memory(tiny_v3(8, 1, 1), false);
+  const MemoryPlan replicated = plan_memory(tiny_v3(8, 1, 1), FusedOperations{});
   EXPECT_DOUBLE_EQ(replicated.parameters, 2 * (kReplicated + kExperts));
   EXPECT_DOUBLE_EQ(replicated.optimizer_state, 12 * (kReplicated + kExperts) / 8);
 }
@@ -97,11 +97,11 @@ TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
 // micro_batch 2 × seq_len 32 tokens, one micro-batch in flight on a single stage.
 TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
   const double added = 3 * 2 * (2 * 32) * 2.0 * (2 * 32);
-  const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), false), exchanged = plan_memory(tiny_v3(8, 4, 0), false);
+  const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), FusedOperations{}), exchanged = plan_memory(tiny_v3(8, 4, 0), FusedOperations{});
   EXPECT_DOUBLE_EQ(exchanged.activations - local.activations, added);
   EXPECT_DOUBLE_EQ(exchanged.activations_by_recompute.at("none"), exchanged.activations);
   // Fused attention keeps no score matrix, with or without the exchange.
-  EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), true).activations - plan_memory(tiny_v3(8, 1, 0), true).activations,
+  EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), FusedOperations{true, false}).activations - plan_memory(tiny_v3(8, 1, 0), FusedOperations{true, false}).activations,
                    added);
 }
 
@@ -116,7 +116,7 @@ TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
     const double expected = std::max({stage_peak(c, 0, held, 0, kForwardEnded | kBackwardStarting),
                                       stage_peak(c, 0, held - 1, 0, kBackwardEnded | kBackwardStarting),
                                       stage_peak(c, 1, last_held, 0, kForwardEnded | kBackwardStarting)});
-    EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected) << schedule;
+    EXPECT_DOUBLE_EQ(plan_memory(c, FusedOperations{}).activations, expected) << schedule;
   }
 }
 
@@ -185,8 +185,8 @@ TEST(MemoryPlan, SplitSchedulesCountWhatMicroBatchesAwaitingWHold) {
                                     stage_peak(c, 0, 1, 1, kBackwardEnded), stage_peak(c, 0, 1, 0, kBackwardStarting),
                                     stage_peak(c, 1, 1, 1, kForwardEnded | kBackwardStarting),
                                     stage_peak(c, 1, 0, 2, kBackwardEnded)});
-  EXPECT_DOUBLE_EQ(plan_memory(c, false).activations, expected);
-  EXPECT_GT(plan_memory(c, false).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), false).activations);
+  EXPECT_DOUBLE_EQ(plan_memory(c, FusedOperations{}).activations, expected);
+  EXPECT_GT(plan_memory(c, FusedOperations{}).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), FusedOperations{}).activations);
 }
 
 // The state that ranks sharing one memory hold from start to end is checked against it before
@@ -219,5 +219,42 @@ TEST(MemoryPlan, StateThatCannotFitStopsTheStartNamingTheMemory) {
     EXPECT_NE(std::string(e.what()).find("take 8 MiB (`dstrain model info` plans them), and GPU 1 (H100) has 7 MiB; "),
               std::string::npos)
         << e.what();
+  }
+}
+
+// A fused RMSNorm (LibTorch's CUDA kernel) keeps its input and output only, and the op-by-op
+// residual stream's extra goes with it: per decoder layer of hidden 32, 4 × 32 elements a token
+// fewer without recomputation and 2 × 32 with selective; full keeps a layer's input either way.
+TEST(MemoryPlan, FusedNormsKeepTheirInputAndOutputOnly) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  for (const auto& [mode, fewer] : {std::pair{Recompute::kNone, 4 * 32}, std::pair{Recompute::kSelective, 2 * 32}}) {
+    ActivationMemoryOptions op_by_op, fused;
+    op_by_op.recompute = fused.recompute = {mode, 0};
+    fused.fused_norm = true;
+    for (int64_t layer = 0; layer < 3; ++layer)
+      EXPECT_DOUBLE_EQ(layer_activation_elements(c.model, layer, op_by_op) -
+                           layer_activation_elements(c.model, layer, fused), fewer) << layer;
+  }
+  const double tokens = static_cast<double>(c.loop.micro_batch * c.loop.seq_len);
+  const TrainConfig none = tiny_v3(1, 1, 0, {"--train.recompute", "none"});
+  const double saved = plan_memory(none, {true, false}).activations - plan_memory(none, {true, true}).activations;
+  EXPECT_DOUBLE_EQ(saved, 4 * 4 * 32 * tokens * 2);  // the 3 layers and the MTP module's, in bf16
+}
+
+// dstrain's SwiGLU kernel keeps gate and up beside the product down_proj keeps: silu(gate) fewer,
+// one intermediate width per SwiGLU a token: 64 in the dense layer 0; in a MoE layer 16 for each
+// of the 2 routed copies and 16 for the shared expert. Selective recomputation keeps gate and up
+// only, fused or not.
+TEST(MemoryPlan, TheFusedSwigluKeepsNoActivationBesidesGateAndUp) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  const double fewer[] = {64, 2 * 16 + 16, 2 * 16 + 16};
+  for (const Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
+    ActivationMemoryOptions op_by_op, fused;
+    op_by_op.recompute = fused.recompute = {mode, 0};
+    fused.fused_swiglu = true;
+    for (int64_t layer = 0; layer < 3; ++layer)
+      EXPECT_DOUBLE_EQ(layer_activation_elements(c.model, layer, op_by_op) -
+                           layer_activation_elements(c.model, layer, fused),
+                       mode == Recompute::kNone ? fewer[layer] : 0.0) << layer;
   }
 }

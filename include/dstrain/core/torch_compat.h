@@ -21,6 +21,10 @@
 namespace dstrain::compat {
 
 constexpr bool kHasFusedAttention = DSTRAIN_TORCH_AT_LEAST(2, 1);  // scaled_dot_product_attention(scale=)
+// at::rms_norm runs as one kernel on CUDA tensors (aten::_fused_rms_norm), keeping only its input,
+// output and the rows' scale; on the CPU it stays op by op. 2.6's headers have no such kernel, 2.11
+// has (measured on an H200); it came between them: taken from 2.9.
+constexpr bool kHasFusedRmsNormOnCuda = DSTRAIN_TORCH_AT_LEAST(2, 9);
 
 // The autograd node that adds up a parameter's gradient, as grad_accumulator returns it: a
 // std::shared_ptr up to LibTorch 2.12, a c10::intrusive_ptr from 2.13 on. Autograd itself keeps

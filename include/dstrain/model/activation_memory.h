@@ -20,6 +20,8 @@ struct ActivationMemoryOptions {
   int64_t element_bytes = 4;  // of the activations: 4 (fp32) or 2 (bf16, fp16)
   RecomputePlan recompute;
   bool fused_attention = false;  // scaled-dot-product attention keeps no score matrix
+  bool fused_norm = false;       // RMSNorm in one kernel keeps its input and output, nothing between
+  bool fused_swiglu = false;     // SwiGLU's activation in one kernel keeps gate and up, not silu(gate)
   // A pipeline stage's forward passes ahead of their backward; a fraction where a stage holds
   // some of its chunks' share of a micro-batch (the chunks taken as equal).
   double micro_batches_in_flight = 1;

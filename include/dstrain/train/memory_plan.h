@@ -26,13 +26,23 @@ struct StageParameters {
 };
 StageParameters stage_parameters(const ModelConfig& model, const std::vector<LayerSlice>& chunks);
 
+// LibTorch's fused operations a run takes, which keep less for the backward pass than the same
+// computation op by op.
+struct FusedOperations {
+  bool attention = false;  // scaled-dot-product attention: no score matrix
+  bool rms_norm = false;   // one RMSNorm kernel: its input and output, nothing between
+  bool swiglu = false;     // dstrain's SwiGLU kernel: gate and up, not silu(gate) besides
+};
+// Those of this build on the configuration's train.device (auto: cuda where this host has a GPU,
+// as a run chooses), with its train.cuda_kernels.
+FusedOperations fused_operations(const TrainConfig& config);
+
 // Per rank of parallel.dp × parallel.pp with parallel.ep: the replicated parameters whole and
 // 1/ep of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and
 // fp32 masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the
 // same parameters: dp of them for the replicated part, dp / ep for the experts. The state is that
 // of the stage holding the most; the activations those of the stage whose step peaks highest.
-// `fused_attention`: attention keeps no score matrix (compat::kHasFusedAttention).
-MemoryPlan plan_memory(const TrainConfig& config, bool fused_attention);
+MemoryPlan plan_memory(const TrainConfig& config, const FusedOperations& fused);
 
 // Before anything is allocated: the plan's parameters, gradients and optimizer state (held from
 // the start to the end, and known exactly, unlike activations) for each of `ranks_sharing` ranks
