@@ -79,8 +79,26 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     torch::Tensor grad_hidden, grad_weight;
     if (ctx->needs_input_grad(0))
       grad_hidden = scaled(torch::mm(logit_grad, weight), scale).view(ctx->saved_data["hidden_shape"].toIntVector());
-    if (ctx->needs_input_grad(1)) grad_weight = torch::mm(logit_grad.t(), scaled(rows, scale));
+    if (ctx->needs_input_grad(1)) grad_weight = weight_gradient(weight, logit_grad, scaled(rows, scale));
     return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  // logit_grad^T × rows: the head weight's gradient, [vocabulary, hidden], the largest tensor a
+  // backward pass makes. Where the weight already has a gradient of that dtype that autograd would
+  // add this one into (the gradient buffer's view of it, optim/grad_buffer.h), the product is
+  // added there directly and none is returned, so that no second [vocabulary, hidden] tensor is
+  // made (Megatron-LM's gradient-accumulation fusion). Autograd still runs the weight's
+  // accumulator, and its hooks, with no gradient.
+  static torch::Tensor weight_gradient(const torch::Tensor& weight, const torch::Tensor& logit_grad,
+                                       const torch::Tensor& rows) {
+    torch::Tensor home = weight.grad();
+    if (!home.defined() || home.scalar_type() != logit_grad.scalar_type() || home.device() != logit_grad.device() ||
+        home.sizes() != weight.sizes())
+      return torch::mm(logit_grad.t(), rows);
+    torch::NoGradGuard no_grad;
+    home.addmm_(logit_grad.t(), rows);
+    return torch::Tensor();
   }
 };
 

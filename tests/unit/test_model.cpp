@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include <cmath>
 #include <map>
 
+#include "dstrain/core/step_memory.h"
 #include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/transformer.h"
 
@@ -241,4 +244,53 @@ TEST(Model, FusedHeadLossGradientsEqualThoseOfTheMaterialisedLogits) {
   EXPECT_LT(relative_error(w16.grad(), rounded.grad_weight), 0.02);
   // The confident row: p rounded to bf16 (1.0) before subtracting one would lose it (error ~1).
   EXPECT_LT(relative_error(h16.grad()[0][0], rounded.grad_hidden[0][0]), 0.05);
+}
+
+namespace {
+// Counts the runs of a parameter's gradient accumulator, as the gradient buffer's arrival hook does.
+class CountingPostHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit CountingPostHook(int* runs) : runs_(runs) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    ++*runs_;
+    return outputs;
+  }
+
+ private:
+  int* runs_;
+};
+}  // namespace
+
+// A head weight whose gradient already exists (the gradient buffer's view, in training) gets the
+// product added into that tensor, with no [vocabulary, hidden] tensor made on the way: the
+// backward pass of two heads sharing the weight (as a multi-token prediction module's does)
+// allocates less than one such tensor, leaves the gradient where it was, holding what was there
+// plus both heads' fp64 gradients, and still runs the weight's accumulator once, so that a
+// gradient buffer counts the arrival.
+TEST(Model, TheHeadWeightsGradientIsAddedIntoTheOneThatExists) {
+  torch::manual_seed(9);
+  const torch::Tensor weight = torch::randn({4096, 8}), hidden = torch::randn({2, 6, 8});
+  const torch::Tensor targets = torch::randint(0, 4096, {2, 6}, torch::kInt64);
+  const torch::Tensor earlier = torch::randn({4096, 8});  // an earlier micro-batch's, say
+  ReferenceLoss first = reference_loss(hidden, weight, targets, 1.0);
+  ReferenceLoss second = reference_loss(hidden * 0.5, weight, targets, 3.0);
+
+  torch::Tensor w = weight.clone().requires_grad_();
+  w.mutable_grad() = earlier.clone();
+  const void* home = w.grad().data_ptr();
+  int runs = 0;
+  auto accumulator = torch::autograd::impl::grad_accumulator(w);
+  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&runs));
+  torch::Tensor h = hidden.clone().requires_grad_();
+  torch::Tensor loss = linear_cross_entropy(h, w, targets) + 3.0 * linear_cross_entropy(h * 0.5, w, targets);
+  accel::StepMemoryMeter meter(torch::kCPU);
+  meter.begin_step();
+  loss.backward();
+  meter.end_step();
+
+  EXPECT_LT(meter.peak_bytes(), static_cast<int64_t>(w.nbytes()));
+  EXPECT_EQ(w.grad().data_ptr(), home);
+  EXPECT_LT(relative_error(w.grad(), earlier.to(torch::kFloat64) + first.grad_weight + second.grad_weight), 1e-6);
+  EXPECT_EQ(runs, 1);
 }
