@@ -25,15 +25,17 @@
 
 namespace dstrain {
 
-// Elements of logits whose fp32 log-softmax is alive at once, when chunk_rows is 0: 256 MB (twice
+// Elements of logits whose fp32 log-softmax is alive at once, when chunk_rows is 0: 16 MB (twice
 // that from bf16 logits, which LibTorch converts to fp32 before its log-softmax; only fp16 has a
-// converting kernel).
-constexpr int64_t kLossChunkElements = int64_t{1} << 26;
+// converting kernel). Small beside the logits, which it meets at the forward pass's peak with
+// every logits' gradient kept before it (a multi-token prediction module's head comes second);
+// large enough that a chunk's launches cost nothing beside its work.
+constexpr int64_t kLossChunkElements = int64_t{1} << 22;
 
 // hidden [..., H] and weight [V, H] of one dtype; targets [...] (int64) with hidden's leading
 // shape. Returns the mean over the targets as a 0-dim fp32 tensor, differentiable (first order)
 // with respect to hidden and weight. `chunk_rows`: rows per log-softmax chunk; 0 takes as many
-// as fit in 256 MB of fp32 (the GPU kernel takes all rows at once).
+// as fit in 16 MB of fp32 (the GPU kernel takes all rows at once).
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& targets, int64_t chunk_rows = 0);
 
