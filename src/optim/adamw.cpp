@@ -83,7 +83,8 @@ void AdamW::explicit_step(double lr, const std::vector<torch::Tensor>& grads, do
     // The divisor goes into the moments' coefficients: no divided copy of the gradient.
     s.exp_avg.mul_(options_.beta1).add_(grad, (1.0 - options_.beta1) / grad_divisor);
     s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, (1.0 - options_.beta2) / (grad_divisor * grad_divisor));
-    torch::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(options_.eps);
+    // One temporary the size of the parameter, divided and shifted in place.
+    torch::Tensor denom = s.exp_avg_sq.sqrt().div_(std::sqrt(bias2)).add_(options_.eps);
     s.master.addcdiv_(s.exp_avg, denom, -lr / bias1);
   }
 }
