@@ -51,17 +51,19 @@ double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const A
 
 // What the head and the embedding make besides what the layers keep, at the moments of
 // ActivationMemoryOptions: in the head's forward pass the logits' gradient and the fp32
-// log-probabilities of a chunk; as its backward pass starts the logits' gradient and the head
-// weight's gradient; as the embedding's backward pass ends (the last of a stage's) the embedding
-// weight's gradient, made whole before it is added to the parameter's.
+// log-probabilities of a chunk; as its backward pass starts the logits' gradient and, with 16-bit
+// parameters, the head weight's gradient (fp32 parameters have it added straight into their fp32
+// gradient: linear_cross_entropy.cpp); as the embedding's backward pass ends (the last of a
+// stage's) the embedding weight's gradient, made whole before it is added to the parameter's.
 double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len), vocab = static_cast<double>(c.vocab_size);
   const double weight_gradient = vocab * static_cast<double>(c.hidden_size) * static_cast<double>(o.element_bytes);
+  const double head_weight_gradient = o.element_bytes == 4 ? 0.0 : weight_gradient;
   const double logits = tokens * vocab * static_cast<double>(o.element_bytes);
   double bytes = 0;
   if (slice.has_head && o.forward_ended)
     bytes = std::max(bytes, logits + std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4);
-  if (slice.has_head && o.backward_starting) bytes = std::max(bytes, logits + weight_gradient);
+  if (slice.has_head && o.backward_starting) bytes = std::max(bytes, logits + head_weight_gradient);
   if (slice.has_embedding && o.backward_ended) bytes = std::max(bytes, weight_gradient);
   return bytes;
 }
@@ -69,14 +71,13 @@ double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, c
 }  // namespace
 
 double layer_activation_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
-  // Each RMSNorm op by op keeps its input, the normalised values and its output (3 × hidden; with
-  // selective recomputation its input only), and the residual stream adds a little more
-  // (measured on LibTorch's CPU kernels: 2 × hidden). Fused, a norm keeps its input and output
-  // (2 × hidden; selective: its input) and nothing is added: the 1B preset on an H200 measured
-  // 4 × hidden (selective 2) per layer less than the op-by-op count.
+  // The two RMSNorms. Fused (LibTorch's CUDA kernel), each keeps its input and output; op by op
+  // also its normalised values and one more intermediate: 4 × hidden a norm, as measured on the
+  // CPU (the 1B preset on an H200 kept 4 × hidden a layer less fused). Under selective
+  // recomputation, either way, each keeps its input only.
   const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
-  const double norms = o.fused_norm ? (selective ? 2.0 : 4.0) : (selective ? 4.0 : 8.0);
+  const double norms = selective ? 2.0 : o.fused_norm ? 4.0 : 8.0;
   return norms * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
 }
 
