@@ -12,8 +12,8 @@
 #include "dstrain/data/corpus.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
-#include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/flops.h"
+#include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/train/trainer.h"
 

@@ -1,6 +1,4 @@
 #include <gtest/gtest.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 
 #include <cmath>
 #include <map>
@@ -8,6 +6,7 @@
 #include "dstrain/core/step_memory.h"
 #include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/transformer.h"
+#include "arrival_counter.h"
 
 using namespace dstrain;
 
@@ -246,22 +245,6 @@ TEST(Model, FusedHeadLossGradientsEqualThoseOfTheMaterialisedLogits) {
   EXPECT_LT(relative_error(h16.grad()[0][0], rounded.grad_hidden[0][0]), 0.05);
 }
 
-namespace {
-// Counts the runs of a parameter's gradient accumulator, as the gradient buffer's arrival hook does.
-class CountingPostHook final : public torch::autograd::FunctionPostHook {
- public:
-  explicit CountingPostHook(int* runs) : runs_(runs) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    ++*runs_;
-    return outputs;
-  }
-
- private:
-  int* runs_;
-};
-}  // namespace
-
 // A head weight whose gradient already exists (the gradient buffer's view, in training) gets the
 // product added into that tensor, with no [vocabulary, hidden] tensor made on the way: the
 // backward pass of two heads sharing the weight (as a multi-token prediction module's does)
@@ -281,7 +264,7 @@ TEST(Model, TheHeadWeightsGradientIsAddedIntoTheOneThatExists) {
   const void* home = w.grad().data_ptr();
   int runs = 0;
   auto accumulator = torch::autograd::impl::grad_accumulator(w);
-  accumulator->add_post_hook(std::make_unique<CountingPostHook>(&runs));
+  accumulator->add_post_hook(std::make_unique<test::ArrivalCounter>(&runs));
   torch::Tensor h = hidden.clone().requires_grad_();
   torch::Tensor loss = linear_cross_entropy(h, w, targets) + 3.0 * linear_cross_entropy(h * 0.5, w, targets);
   accel::StepMemoryMeter meter(torch::kCPU);

@@ -12,6 +12,7 @@
 #include "dstrain/core/weight_gradient_store.h"
 #include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
+#include "arrival_counter.h"
 
 using namespace dstrain;
 
@@ -29,20 +30,6 @@ struct Chain {
     return x + second(torch::tanh(first(x))) + second(torch::sigmoid(first(x)));
   }
   std::vector<torch::Tensor> weights() const { return {first->weight, second->weight}; }
-};
-
-// Counts what reaches a parameter's gradient accumulator, as GradientBuffer's hook does.
-class ArrivalCounter final : public torch::autograd::FunctionPostHook {
- public:
-  explicit ArrivalCounter(int* count) : count_(count) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    ++*count_;
-    return outputs;
-  }
-
- private:
-  int* count_;
 };
 
 void reset(const Chain& chain) {
@@ -71,7 +58,7 @@ TEST(WeightGradientStore, BackwardSplitInTwoGivesTheGradientsOfOnePass) {
   std::vector<dstrain::compat::GradAccumulatorPtr> accumulators;
   for (const torch::Tensor& w : chain.weights()) {
     accumulators.push_back(torch::autograd::impl::grad_accumulator(w));
-    accumulators.back()->add_post_hook(std::make_unique<ArrivalCounter>(&arrivals));
+    accumulators.back()->add_post_hook(std::make_unique<test::ArrivalCounter>(&arrivals));
   }
   WeightGradientStore store;
   torch::Tensor y = source.clone().requires_grad_(true);
