@@ -17,7 +17,7 @@ namespace {
 double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
   const double heads = static_cast<double>(c.num_heads);
   const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
-  const double scores = o.fused_attention ? heads : selective ? 0.0 : probabilities;
+  const double scores = o.fused.attention ? heads : selective ? 0.0 : probabilities;
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
   const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
   const double rope = static_cast<double>(c.qk_rope_head_dim);
@@ -41,7 +41,7 @@ double attention_elements(const ModelConfig& c, bool selective, const Activation
 // Fused, the activation keeps gate and up and makes the product (3 × intermediate with it).
 // Selective recomputation keeps of each SwiGLU only gate and up (2 × intermediate).
 double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const ActivationMemoryOptions& o) {
-  const double swiglu = selective ? 2.0 : o.fused_swiglu ? 3.0 : 4.0;
+  const double swiglu = selective ? 2.0 : o.fused.swiglu ? 3.0 : 4.0;
   if (!c.is_moe_layer(layer)) return swiglu * static_cast<double>(c.intermediate_size);
   const double k = static_cast<double>(c.num_experts_per_tok), h = static_cast<double>(c.hidden_size);
   const double per_copy = (o.tokens_exchanged ? 4.0 : 2.0) * h + swiglu * static_cast<double>(c.moe_intermediate_size);
@@ -77,7 +77,7 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   // recomputation, either way, each keeps its input only.
   const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
-  const double norms = selective ? 2.0 : o.fused_norm ? 4.0 : 8.0;
+  const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0;
   return norms * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
 }
 

@@ -37,9 +37,7 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, const FusedOper
   o.micro_batch = c.loop.micro_batch;
   o.seq_len = c.loop.seq_len;
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
-  o.fused_attention = fused.attention;
-  o.fused_norm = fused.rms_norm;
-  o.fused_swiglu = fused.swiglu;
+  o.fused = fused;
   o.tokens_exchanged = c.parallel.ep > 1;
   return o;
 }

@@ -77,17 +77,17 @@ TEST(MemoryPlan, StageParametersSplitRoutedExpertsFromTheRest) {
 // bf16 parameters, fp32 gradients, fp32 masters and moments (12 bytes per parameter).
 TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
   const double held = kReplicated + kExperts / 4;
-  const MemoryPlan plan = plan_memory(tiny_v3(8, 4, 0), FusedOperations{});
+  const MemoryPlan plan = plan_memory(tiny_v3(8, 4, 0), {});
   EXPECT_DOUBLE_EQ(plan.parameters, 2 * held);
   EXPECT_DOUBLE_EQ(plan.gradients, 4 * held);
   EXPECT_DOUBLE_EQ(plan.optimizer_state, 12 * held);
   // ZeRO-1: the replicated part's state over the 8 data-parallel ranks, the experts' over the 2
   // ranks holding the same quarter.
-  const MemoryPlan sharded = plan_memory(tiny_v3(8, 4, 1), FusedOperations{});
+  const MemoryPlan sharded = plan_memory(tiny_v3(8, 4, 1), {});
   EXPECT_DOUBLE_EQ(sharded.parameters, 2 * held);
   EXPECT_DOUBLE_EQ(sharded.optimizer_state, 12 * (kReplicated / 8 + kExperts / 4 / 2));
   // Without expert parallelism every rank holds every expert, as before.
-  const MemoryPlan replicated = plan_memory(tiny_v3(8, 1, 1), FusedOperations{});
+  const MemoryPlan replicated = plan_memory(tiny_v3(8, 1, 1), {});
   EXPECT_DOUBLE_EQ(replicated.parameters, 2 * (kReplicated + kExperts));
   EXPECT_DOUBLE_EQ(replicated.optimizer_state, 12 * (kReplicated + kExperts) / 8);
 }
@@ -97,11 +97,13 @@ TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
 // micro_batch 2 × seq_len 32 tokens, one micro-batch in flight on a single stage.
 TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
   const double added = 3 * 2 * (2 * 32) * 2.0 * (2 * 32);
-  const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), FusedOperations{}), exchanged = plan_memory(tiny_v3(8, 4, 0), FusedOperations{});
+  const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), {}), exchanged = plan_memory(tiny_v3(8, 4, 0), {});
   EXPECT_DOUBLE_EQ(exchanged.activations - local.activations, added);
   EXPECT_DOUBLE_EQ(exchanged.activations_by_recompute.at("none"), exchanged.activations);
   // Fused attention keeps no score matrix, with or without the exchange.
-  EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), FusedOperations{true, false}).activations - plan_memory(tiny_v3(8, 1, 0), FusedOperations{true, false}).activations,
+  const FusedOperations attention{/*attention=*/true};
+  EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), attention).activations -
+                       plan_memory(tiny_v3(8, 1, 0), attention).activations,
                    added);
 }
 
@@ -116,7 +118,7 @@ TEST(MemoryPlan, EachStageKeepsTheMicroBatchesItsScheduleHoldsAtOnce) {
     const double expected = std::max({stage_peak(c, 0, held, 0, kForwardEnded | kBackwardStarting),
                                       stage_peak(c, 0, held - 1, 0, kBackwardEnded | kBackwardStarting),
                                       stage_peak(c, 1, last_held, 0, kForwardEnded | kBackwardStarting)});
-    EXPECT_DOUBLE_EQ(plan_memory(c, FusedOperations{}).activations, expected) << schedule;
+    EXPECT_DOUBLE_EQ(plan_memory(c, {}).activations, expected) << schedule;
   }
 }
 
@@ -185,8 +187,8 @@ TEST(MemoryPlan, SplitSchedulesCountWhatMicroBatchesAwaitingWHold) {
                                     stage_peak(c, 0, 1, 1, kBackwardEnded), stage_peak(c, 0, 1, 0, kBackwardStarting),
                                     stage_peak(c, 1, 1, 1, kForwardEnded | kBackwardStarting),
                                     stage_peak(c, 1, 0, 2, kBackwardEnded)});
-  EXPECT_DOUBLE_EQ(plan_memory(c, FusedOperations{}).activations, expected);
-  EXPECT_GT(plan_memory(c, FusedOperations{}).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), FusedOperations{}).activations);
+  EXPECT_DOUBLE_EQ(plan_memory(c, {}).activations, expected);
+  EXPECT_GT(plan_memory(c, {}).activations, plan_memory(tiny_v3(2, 1, 0, one_f_one_b), {}).activations);
 }
 
 // The state that ranks sharing one memory hold from start to end is checked against it before
@@ -228,12 +230,12 @@ TEST(MemoryPlan, StateThatCannotFitStopsTheStartNamingTheMemory) {
 TEST(MemoryPlan, FusedNormsKeepTheirInputAndOutputOnly) {
   const TrainConfig c = tiny_v3(1, 1, 0);
   for (const auto& [mode, fewer] : {std::pair{Recompute::kNone, 4 * 32}, std::pair{Recompute::kSelective, 0}}) {
-    ActivationMemoryOptions op_by_op, fused;
-    op_by_op.recompute = fused.recompute = {mode, 0};
-    fused.fused_norm = true;
+    ActivationMemoryOptions op_by_op, one_kernel;
+    op_by_op.recompute = one_kernel.recompute = {mode, 0};
+    one_kernel.fused.rms_norm = true;
     for (int64_t layer = 0; layer < 3; ++layer)
       EXPECT_DOUBLE_EQ(layer_activation_elements(c.model, layer, op_by_op) -
-                           layer_activation_elements(c.model, layer, fused), fewer) << layer;
+                           layer_activation_elements(c.model, layer, one_kernel), fewer) << layer;
   }
   const double tokens = static_cast<double>(c.loop.micro_batch * c.loop.seq_len);
   const TrainConfig none = tiny_v3(1, 1, 0, {"--train.recompute", "none"});
@@ -249,12 +251,12 @@ TEST(MemoryPlan, TheFusedSwigluKeepsNoActivationBesidesGateAndUp) {
   const TrainConfig c = tiny_v3(1, 1, 0);
   const double fewer[] = {64, 2 * 16 + 16, 2 * 16 + 16};
   for (const Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
-    ActivationMemoryOptions op_by_op, fused;
-    op_by_op.recompute = fused.recompute = {mode, 0};
-    fused.fused_swiglu = true;
+    ActivationMemoryOptions op_by_op, one_kernel;
+    op_by_op.recompute = one_kernel.recompute = {mode, 0};
+    one_kernel.fused.swiglu = true;
     for (int64_t layer = 0; layer < 3; ++layer)
       EXPECT_DOUBLE_EQ(layer_activation_elements(c.model, layer, op_by_op) -
-                           layer_activation_elements(c.model, layer, fused),
+                           layer_activation_elements(c.model, layer, one_kernel),
                        mode == Recompute::kNone ? fewer[layer] : 0.0) << layer;
   }
 }

@@ -15,13 +15,19 @@
 
 namespace dstrain {
 
+// The fused operations a run takes, which keep less for the backward pass than the same
+// computation op by op.
+struct FusedOperations {
+  bool attention = false;  // scaled-dot-product attention: no score matrix
+  bool rms_norm = false;   // LibTorch's RMSNorm kernel: its input and output, nothing between
+  bool swiglu = false;     // dstrain's SwiGLU kernel: gate and up, not silu(gate) besides
+};
+
 struct ActivationMemoryOptions {
   int64_t micro_batch = 1, seq_len = 1;
   int64_t element_bytes = 4;  // of the activations: 4 (fp32) or 2 (bf16, fp16)
   RecomputePlan recompute;
-  bool fused_attention = false;  // scaled-dot-product attention keeps no score matrix
-  bool fused_norm = false;       // RMSNorm in one kernel keeps its input and output, nothing between
-  bool fused_swiglu = false;     // SwiGLU's activation in one kernel keeps gate and up, not silu(gate)
+  FusedOperations fused;
   // A pipeline stage's forward passes ahead of their backward; a fraction where a stage holds
   // some of its chunks' share of a micro-batch (the chunks taken as equal).
   double micro_batches_in_flight = 1;

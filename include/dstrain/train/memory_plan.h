@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/model/activation_memory.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/train/train_config.h"
 
@@ -26,15 +27,9 @@ struct StageParameters {
 };
 StageParameters stage_parameters(const ModelConfig& model, const std::vector<LayerSlice>& chunks);
 
-// LibTorch's fused operations a run takes, which keep less for the backward pass than the same
-// computation op by op.
-struct FusedOperations {
-  bool attention = false;  // scaled-dot-product attention: no score matrix
-  bool rms_norm = false;   // one RMSNorm kernel: its input and output, nothing between
-  bool swiglu = false;     // dstrain's SwiGLU kernel: gate and up, not silu(gate) besides
-};
-// Those of this build on the configuration's train.device (auto: cuda where this host has a GPU,
-// as a run chooses), with its train.cuda_kernels.
+// The fused operations (model/activation_memory.h) of this build on the configuration's
+// train.device (auto: cuda where this host has a GPU, as a run chooses), with its
+// train.cuda_kernels.
 FusedOperations fused_operations(const TrainConfig& config);
 
 // Per rank of parallel.dp × parallel.pp with parallel.ep: the replicated parameters whole and
