@@ -6,10 +6,10 @@
 #include <random>
 
 #include "bench.h"
-#include "dstrain/core/accelerator.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
+#include "dstrain/dist/device.h"
 #include "dstrain/dist/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
@@ -77,8 +77,7 @@ nlohmann::json step(Options o) {
 
   const ModelConfig model = read_model_config(o);
   const int64_t seq = o.get_int("train.seq_len", 1);
-  const std::string device = o.raw("train.device");
-  const bool on_gpu = device == "cuda" || (device == "auto" && accel::device_count() > 0);
+  const bool on_gpu = computes_on_gpu(o.raw("train.device"));
   nlohmann::json out = {{"bench", "step"},
                         {"ranks", world_size},
                         {"precision", o.raw("train.precision")},

@@ -15,8 +15,8 @@ DevicePlacement place_rank(const std::string& requested) {
   MPI_CHECK(MPI_Comm_size(node, &placement.local_size));
   MPI_CHECK(MPI_Comm_free(&node));
 
+  if (!computes_on_gpu(requested)) return placement;
   const int gpus = accel::device_count();
-  if (requested == "cpu" || (requested == "auto" && gpus == 0)) return placement;
   if (gpus == 0)
     throw config_error("train.device", requested,
                        accel::cuda_compiled() ? "no GPU is visible to this process (CUDA_VISIBLE_DEVICES?)"
@@ -26,6 +26,10 @@ DevicePlacement place_rank(const std::string& requested) {
   accel::set_current_device(index);
   placement.name = accel::device_name(index);
   return placement;
+}
+
+bool computes_on_gpu(const std::string& requested) {
+  return requested == "cuda" || (requested == "auto" && accel::device_count() > 0);
 }
 
 }  // namespace dstrain

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/dist/device.h"
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
@@ -92,7 +92,7 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
 }
 
 FusedOperations fused_operations(const TrainConfig& c) {
-  const bool cuda = c.loop.device == "cuda" || (c.loop.device == "auto" && accel::device_count() > 0);
+  const bool cuda = computes_on_gpu(c.loop.device);
   return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda,
           cuda && cuda_kernels_built() && c.loop.cuda_kernels};
 }

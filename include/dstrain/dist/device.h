@@ -19,4 +19,8 @@ struct DevicePlacement {
 // has a GPU, else "cpu". Ranks beyond the GPU count share GPUs, which only comm.backend = mpi allows.
 DevicePlacement place_rank(const std::string& requested);
 
+// Whether train.device = `requested` computes on a GPU of this host, as place_rank places it:
+// "cuda", or "auto" where the host has one.
+bool computes_on_gpu(const std::string& requested);
+
 }  // namespace dstrain
