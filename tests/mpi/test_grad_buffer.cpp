@@ -105,6 +105,10 @@ TEST(GradientBuffer, EveryWayOfReducingGivesTheSameAverage) {
     EXPECT_TRUE(torch::equal(plain, bucketed));
   else
     EXPECT_TRUE(torch::allclose(plain, bucketed, 1e-6, 1e-7));
+  if (dp.size() == 1) {  // one rank sends nothing, so nothing is rounded to bf16
+    EXPECT_TRUE(torch::equal(plain, sixteen_bits));
+    return;
+  }
   EXPECT_FALSE(torch::equal(plain, sixteen_bits));  // rounded to bf16 on the wire ...
   // ... and only that: relative to the whole, bf16 operands' rounding (cancelling sums make
   // single elements worse).
@@ -170,6 +174,7 @@ TEST(GradientBuffer, ParametersWithoutAGradientThisStepAverageZero) {
 // and all-gathers the rest; after every step the parameters equal those of the unsharded AdamW
 // on the all-reduced gradients, and the ranks' optimizer state together is exactly the whole.
 TEST(GradientBuffer, ShardedAdamWEqualsTheWholeUpdate) {
+  if (MpiCommunicator(MPI_COMM_WORLD).size() == 1) GTEST_SKIP() << "one rank has no one to share its optimizer state with";
   for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
     MpiCommunicator dp(MPI_COMM_WORLD);
     torch::manual_seed(7);
