@@ -6,6 +6,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/log.h"
+#include "dstrain/pipeline/bubble.h"
 #include "dstrain/train/metrics.h"
 
 namespace dstrain {
@@ -190,14 +191,29 @@ std::vector<ActionCosts> measured_action_costs(PipelineExecutor& executor, Paral
   return by_virtual_stage;
 }
 
+// The bubble of each pipeline (pipeline/bubble.h) from its stages' waits and spans in the
+// interval, averaged over the data-parallel replicas.
+double measured_bubble(PipelineExecutor& executor, ParallelContext& parallel) {
+  const auto [waited, span] = executor.take_wait_and_span();
+  torch::Tensor all = torch::zeros({parallel.grid.dp(), parallel.grid.pp(), 2}, torch::kFloat64);
+  all[parallel.coord.dp][parallel.coord.pp][0] = waited;
+  all[parallel.coord.dp][parallel.coord.pp][1] = span;
+  parallel.world->all_reduce(all, ReduceOp::kSum);
+  double sum = 0;
+  for (int replica = 0; replica < parallel.grid.dp(); ++replica) {
+    std::vector<StageWaits> stages;
+    for (int stage = 0; stage < parallel.grid.pp(); ++stage)
+      stages.push_back({all[replica][stage][0].item<double>(), all[replica][stage][1].item<double>()});
+    sum += pipeline_bubble(stages);
+  }
+  return sum / parallel.grid.dp();
+}
+
 }  // namespace
 
 StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, ParallelContext& parallel) {
   return [&executor, &parallel](nlohmann::json& record) {
-    const auto [waited, span] = executor.take_wait_and_span();
-    torch::Tensor idle = torch::full({1}, span > 0 ? waited / span : 0.0, torch::kFloat64);
-    parallel.world->all_reduce(idle, ReduceOp::kAvg);
-    record["pipeline_idle"] = idle.item<double>();
+    record["pipeline_idle"] = measured_bubble(executor, parallel);
     // Beside it, what the schedule would idle if its actions took the times measured and the
     // transfers none (the simulator), and those times.
     SimulationCosts costs;

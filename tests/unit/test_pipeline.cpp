@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "dstrain/core/error.h"
+#include "dstrain/pipeline/bubble.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
@@ -86,6 +87,40 @@ TEST(PipelineSchedule, NoScheduleDeadlocksAndEveryMicrobatchRunsOnce) {
       }
     }
   }
+}
+
+// The log's bubble from what each stage measures: its waits, and its span from the step's start
+// (the same moment for every stage) to its last action. On the simulator's own timeline that is
+// the simulator's bubble for every schedule, 1F1B included, whose last stage is done (p - 1)
+// backward passes before the first: over each stage's own span, as the log once had it, 1F1B's
+// bubble came out several points low.
+TEST(PipelineBubble, MeasuredAsTheStagesSeeItIsTheSimulatorsBubble) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                            ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV}) {
+    for (int p : {2, 4}) {
+      const int v = kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB || kind == ScheduleKind::kZbH1 ? 1 : 2;
+      const Schedule s = make_schedule(kind, p, v, 8);
+      SimulationCosts costs{1.0, 2.3, 0.9, 0.0, {}};
+      for (int vs = 0; vs < p * v; ++vs) costs.per_virtual_stage.push_back({0.4 + 0.05 * vs, 0.8 + 0.1 * vs, 0.3});
+      const SimulationResult r = simulate(s, costs);
+      ASSERT_FALSE(r.deadlock) << r.problem;
+      std::vector<StageWaits> stages;
+      double mean_over_own_spans = 0;
+      for (int stage = 0; stage < p; ++stage) {
+        const double span = r.timeline[stage].back().end;
+        stages.push_back({span - r.busy[stage], span});
+        mean_over_own_spans += (span - r.busy[stage]) / span / p;
+      }
+      EXPECT_NEAR(pipeline_bubble(stages), r.bubble_fraction, 1e-12) << schedule_name(kind) << " p=" << p;
+      if (kind == ScheduleKind::kOneFOneB) EXPECT_LT(mean_over_own_spans, r.bubble_fraction - 0.02);
+    }
+  }
+}
+
+TEST(PipelineBubble, NoStagesOrNoTimeIsNoBubble) {
+  EXPECT_EQ(pipeline_bubble({}), 0.0);
+  EXPECT_EQ(pipeline_bubble({{0.0, 0.0}, {0.0, 0.0}}), 0.0);
+  EXPECT_NEAR(pipeline_bubble({{1.0, 4.0}, {0.0, 2.0}}), (1.0 + 2.0) / 8.0, 1e-15);
 }
 
 // 1F1B keeps at most p - s micro-batches alive on stage s (at most p); GPipe all m.
