@@ -25,7 +25,7 @@ step_tokens=512
 if [[ $target == gpu ]]; then
   models=(gpu_1b) common=() device=(--train.device cuda) steps=(--bench.warmup 3 --bench.steps 5) step_tokens=$((4 * 2048))
 fi
-printf '%-6s %-9s %12s %12s %10s %10s\n' model recompute measured estimate "s/step" params
+printf '%-6s %-9s %12s %12s %10s %8s %10s\n' model recompute measured estimate "s/step" rerun params
 for model in "${models[@]}"; do
   declare -n args=$model
   for mode in none selective full; do
@@ -37,8 +37,11 @@ import json, sys
 step, info = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 mib = 2 ** 20
 tokens = int(sys.argv[5])  # a step's
+seconds = tokens / step['tokens_per_s']
+# The reruns' share of the step, measured inside it (host time: on a GPU only their queueing).
+rerun = f"{100 * step['rerun_s_per_step'] / seconds:7.1f}%" if sys.argv[3] != "gpu_1b" else f"{'-':>8}"
 print(f"{sys.argv[3]:<6} {sys.argv[4]:<9} {step['peak_activation_bytes'] / mib:9.1f} MiB "
-      f"{info['memory_per_rank']['activations'] / mib:9.1f} MiB {tokens / step['tokens_per_s']:10.2f} "
+      f"{info['memory_per_rank']['activations'] / mib:9.1f} MiB {seconds:10.2f} {rerun} "
       f"{step['params'] / 1e6:8.1f} M")
 PY
   done

@@ -15,6 +15,7 @@
 #include "dstrain/model/flops.h"
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/recompute.h"
 #include "dstrain/train/trainer.h"
 
 namespace dstrain::bench {
@@ -91,6 +92,8 @@ nlohmann::json step(Options o) {
                         {"peak_memory_bytes", result.peak_memory_bytes},
                         {"peak_activation_bytes", result.peak_activation_bytes},
                         {"recompute", o.raw("train.recompute")},
+                        // Warm-up included; on a GPU only the time to queue the reruns (recompute.h).
+                        {"rerun_s_per_step", rerun_seconds() / static_cast<double>(warmup + timed)},
                         {"final_loss", result.final_loss}};
   char figures[128];
   std::snprintf(figures, sizeof figures, "bench step: %.0f tok/s over %lld timed steps", result.tokens_per_s,

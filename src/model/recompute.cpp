@@ -3,23 +3,34 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+#include <chrono>
+
 #include "dstrain/core/error.h"
 
 namespace dstrain {
 namespace {
 
 thread_local bool rerunning = false;
+std::atomic<int64_t> rerun_nanoseconds{0};
 
-// Marks this thread as rerunning a part while it lives (parts may nest).
+// Marks this thread as rerunning a part while it lives (parts may nest), and adds its lifetime to
+// rerun_nanoseconds unless an enclosing Rerun counts it already.
 class Rerun {
  public:
-  Rerun() : outer_(rerunning) { rerunning = true; }
-  ~Rerun() { rerunning = outer_; }
+  using Clock = std::chrono::steady_clock;
+  Rerun() : outer_(rerunning), start_(Clock::now()) { rerunning = true; }
+  ~Rerun() {
+    rerunning = outer_;
+    if (!outer_)
+      rerun_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+  }
   Rerun(const Rerun&) = delete;
   Rerun& operator=(const Rerun&) = delete;
 
  private:
   bool outer_;
+  Clock::time_point start_;
 };
 
 // The part to rerun, kept in the autograd node (an autograd context holds no std::function).
@@ -112,6 +123,7 @@ struct DroppedOutputs : torch::CustomClassHolder {
   // them, so that they are given back with the consumer's backward pass (or, for a projection's
   // input, with its deferred weight gradient), not when the whole graph goes.
   void restore() {
+    Rerun marked;  // the refills are the rerun's cost too
     rerun_part();
     for (size_t i = 0; i < outputs.size(); ++i)
       if (released[i] > 0) refill_storage(outputs[i], released[i], rerun[i].detach());
@@ -226,5 +238,7 @@ torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torc
 }
 
 bool recomputing() { return rerunning; }
+
+double rerun_seconds() { return static_cast<double>(rerun_nanoseconds.load()) * 1e-9; }
 
 }  // namespace dstrain

@@ -3,6 +3,9 @@
 // made once per forward pass.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "dstrain/model/moe.h"
 #include "dstrain/model/recompute.h"
 
@@ -156,4 +159,33 @@ TEST(Recompute, DroppedOutputsAreGivenBackWithTheirBackwardPassNotWithTheGraph) 
   }
   ASSERT_EQ(inputs[1].storage().unsafeGetStorageImpl(), first_input);
   EXPECT_LT(inputs[1].storage().use_count(), input_uses) << "a part's input outlived its backward pass";
+}
+
+// rerun_seconds counts the reruns of both functions (recompute_outputs' refill inside its rerun's
+// time, not twice), and nothing of the first forward pass or of a backward pass without
+// recomputation: parts that sleep a known time.
+TEST(Recompute, RerunSecondsCountTheRerunsOnly) {
+  using std::chrono::milliseconds;
+  auto sleeping = [](milliseconds time) {
+    return [time](const torch::Tensor& in) {
+      std::this_thread::sleep_for(time);
+      return in * 2;
+    };
+  };
+  const torch::Tensor x = torch::randn({3}).requires_grad_(true);
+  double before = rerun_seconds();
+  torch::Tensor plain = sleeping(milliseconds(30))(x).sum();
+  torch::Tensor whole = recompute_in_backward(sleeping(milliseconds(30)), x).sum();
+  const Tensors dropped = recompute_outputs(
+      [&](const Tensors& in) { return Tensors{sleeping(milliseconds(20))(in[0])}; }, {x},
+      [](const Tensors& out) { return Tensors{out[0] * out[0]}; });
+  plain.backward();
+  EXPECT_EQ(rerun_seconds(), before) << "a forward pass or a plain backward pass counted";
+  whole.backward();
+  EXPECT_GE(rerun_seconds() - before, 0.030);
+  EXPECT_LT(rerun_seconds() - before, 0.050);
+  before = rerun_seconds();
+  dropped[0].sum().backward();
+  EXPECT_GE(rerun_seconds() - before, 0.020);
+  EXPECT_LT(rerun_seconds() - before, 0.040) << "counted twice";
 }

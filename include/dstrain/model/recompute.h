@@ -59,6 +59,12 @@ Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, co
 // True on this thread while a part reruns inside the backward pass.
 bool recomputing();
 
+// Host seconds this process has spent on the reruns in backward passes (each part's forward pass
+// again, and the copies into the outputs given back), over all threads, since it started: the
+// time recomputation costs on the CPU, measured inside the steps it slows. On a GPU it is only
+// the time to queue the reruns' kernels.
+double rerun_seconds();
+
 // Whether the modules of a decoder layer recompute selectively (train.recompute = selective):
 // on for this thread while a SelectiveRecompute(true) lives.
 bool selective_recompute();
