@@ -13,7 +13,7 @@ namespace {
 // Selective recomputation keeps of MLA only the latents its up-projections start from (the
 // query's, or without q_lora_rank the query itself, and the key-value latent with the rope part)
 // and per head the output: the norms, queries, keys and values are computed again. Of unfused
-// attention it keeps no probabilities (the attention is rerun too), of MHA the projections.
+// attention it keeps no probabilities (causal_attention.h), of MHA what attention keeps without it.
 double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
   const double heads = static_cast<double>(c.num_heads);
   const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;

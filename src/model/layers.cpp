@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/causal_attention.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/swiglu_activation.h"
 
@@ -41,17 +42,8 @@ AttentionCache AttentionImpl::empty_cache(int64_t batch, int64_t capacity) const
 torch::Tensor AttentionImpl::attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache,
                                     int64_t start) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  const Tensors projected = {q_proj_(x), k_proj_(x), v_proj_(x)};
-  auto core = [this, rope, cache, start](const Tensors& p) { return Tensors{attention_core(p, rope, cache, start)}; };
-  auto output = [&](const Tensors& out) {
-    return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}))};
-  };
-  // Selective recomputation where attention keeps its probabilities (unfused, LibTorch < 2.1):
-  // the attention is computed again from the projections in the backward pass, so that no score
-  // matrix is kept, as with fused attention.
-  if (cache == nullptr && selective_recompute() && !compat::kHasFusedAttention)
-    return recompute_outputs(core, projected, output)[0];
-  return output(core(projected))[0];
+  const torch::Tensor out = attention_core({q_proj_(x), k_proj_(x), v_proj_(x)}, rope, cache, start);  // [B, H, S, d]
+  return o_proj_(out.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}));
 }
 
 torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache,
@@ -75,7 +67,7 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
     k = k.repeat_interleave(group, /*dim=*/1);
     v = v.repeat_interleave(group, /*dim=*/1);
   }
-  return compat::causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, H, S, d]
+  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, H, S, d]
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {

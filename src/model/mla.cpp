@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "dstrain/core/torch_compat.h"
+#include "dstrain/model/causal_attention.h"
 #include "dstrain/model/recompute.h"
 
 namespace dstrain {
@@ -65,17 +65,15 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, cons
   const int64_t batch = x.size(0), seq = x.size(1);
   const Tensors down = down_project(x);
   auto up = [this, rope](const Tensors& latents) { return attention_inputs(latents, rope); };
-  auto attend = [this](const Tensors& qkv) { return Tensors{compat::causal_attention(qkv[0], qkv[1], qkv[2], scale_)}; };
+  auto attend = [this](const Tensors& qkv) { return Tensors{causal_attention(qkv[0], qkv[1], qkv[2], scale_)}; };
   auto output = [&](const Tensors& out) {  // out: [B, H, S, v]
     return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}))};
   };
   if (!selective_recompute()) return output(attend(up(down)))[0];
   // Selective recomputation: the up-projections' outputs (queries, keys, values) are computed
-  // again from the latents in the backward pass, not kept; where attention keeps its
-  // probabilities (unfused, LibTorch < 2.1) the attention is rerun with them, so that no score
-  // matrix is kept, as with fused attention.
-  if (compat::kHasFusedAttention) return output(recompute_outputs(up, down, attend))[0];
-  return recompute_outputs([up, attend](const Tensors& latents) { return attend(up(latents)); }, down, output)[0];
+  // again from the latents in the backward pass, not kept (nor, by causal_attention, the
+  // probabilities of unfused attention).
+  return output(recompute_outputs(up, down, attend))[0];
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,

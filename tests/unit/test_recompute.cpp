@@ -1,11 +1,15 @@
 // The recomputation function (model/recompute.h) against the same part run once: bitwise equal
 // gradients of the input and the parameters, the rerun marked as such, and MoE's per-pass counts
-// made once per forward pass.
+// made once per forward pass; and unfused attention under selective recomputation keeping no
+// probabilities.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
+#include "dstrain/core/step_memory.h"
+#include "dstrain/core/torch_compat.h"
+#include "dstrain/model/causal_attention.h"
 #include "dstrain/model/moe.h"
 #include "dstrain/model/recompute.h"
 
@@ -188,4 +192,36 @@ TEST(Recompute, RerunSecondsCountTheRerunsOnly) {
   dropped[0].sum().backward();
   EXPECT_GE(rerun_seconds() - before, 0.020);
   EXPECT_LT(rerun_seconds() - before, 0.040) << "counted twice";
+}
+
+// Unfused attention under selective recomputation: through a chain of attentions (a layer's
+// output the next one's queries, keys and values), the forward pass's memory does not grow by one
+// probability matrix a layer as it does without it, and the gradients are bitwise the same.
+TEST(Recompute, SelectiveAttentionKeepsNoProbabilitiesAndGivesTheSameGradients) {
+  if (compat::kHasFusedAttention) GTEST_SKIP() << "fused attention keeps no probabilities with or without it";
+  torch::manual_seed(8);
+  const int64_t layers = 6, batch = 2, heads = 3, seq = 128, head_dim = 4;  // probabilities dominate
+  const torch::Tensor source = torch::randn({batch, heads, seq, head_dim});
+  const torch::Tensor upstream = torch::randn({batch, heads, seq, head_dim});
+  const int64_t probabilities_bytes = batch * heads * seq * seq * 4;
+  struct Run {
+    torch::Tensor grad;
+    int64_t forward_peak;
+  };
+  auto run = [&](bool selective) {
+    const SelectiveRecompute mode(selective);
+    torch::Tensor x = source.clone().requires_grad_(true), h = x;
+    accel::StepMemoryMeter meter(torch::kCPU);
+    meter.begin_step();
+    for (int64_t layer = 0; layer < layers; ++layer) h = causal_attention(h, h * 0.5, h + 1.0, 0.3);
+    meter.end_step();
+    h.backward(upstream);
+    return Run{x.grad(), meter.peak_bytes()};
+  };
+  const Run kept = run(false), dropped = run(true);
+  EXPECT_TRUE(torch::equal(dropped.grad, kept.grad));
+  EXPECT_GE(kept.forward_peak, layers * probabilities_bytes);
+  // The queries, keys and values of all layers stay (under one probability matrix together), and
+  // a layer's scores and probabilities are alive while it runs.
+  EXPECT_LT(dropped.forward_peak, 4 * probabilities_bytes) << "the probabilities were kept";
 }

@@ -32,6 +32,19 @@ constexpr bool kHasFusedRmsNormOnCuda = DSTRAIN_TORCH_AT_LEAST(2, 9);
 using GradAccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
+// The softmax probabilities of causal attention, [batch, heads, queries, keys] in q's dtype (see
+// causal_attention for the shapes): LibTorch 1.13's attention is these times the values.
+inline torch::Tensor causal_attention_probabilities(const torch::Tensor& q, const torch::Tensor& k, double scale) {
+  const int64_t queries = q.size(-2), keys = k.size(-2);
+  if (queries > keys) throw std::invalid_argument("causal_attention: more queries than keys");
+  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale);
+  // Adding -inf to the keys after each query (0 to the others) gives the values masked_fill
+  // gives, in a cheaper pass whose backward pass is the identity.
+  const torch::Tensor future =
+      torch::full({queries, keys}, -std::numeric_limits<float>::infinity(), scores.options()).triu(keys - queries + 1);
+  return torch::softmax(scores.add(future).to(torch::kFloat32), -1).to(q.scalar_type());
+}
+
 // Causal attention on [batch, heads, seq, head_dim] tensors with the given softmax scale. The
 // queries are the last q.size(-2) positions of the keys (all of them in training; the new tokens
 // in cached decoding): query i sees keys 0 .. k.size(-2) - q.size(-2) + i.
@@ -51,12 +64,7 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
       torch::ones({queries, keys}, torch::dtype(torch::kBool).device(q.device())).tril(keys - queries);
   return at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scale);
 #else
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale);
-  torch::Tensor future =
-      torch::ones({queries, keys}, torch::dtype(torch::kBool).device(q.device())).triu(keys - queries + 1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  torch::Tensor probs = torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type());
-  return torch::matmul(probs, v);
+  return torch::matmul(causal_attention_probabilities(q, k, scale), v);
 #endif
 }
 
