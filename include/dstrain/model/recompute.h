@@ -8,9 +8,10 @@
 // selective: DeepSeek-V3's choice, the cheap operations whose outputs are large: the RMSNorms
 // before attention and MLP, MLA's up-projections (with the latents' norms and the rotary
 // embedding) and the SwiGLU activation of every MLP and expert, in the multi-token prediction
-// modules' layers too; and unfused attention's probabilities (causal_attention.h). Their outputs are dropped as soon as the operation that uses them has run
-// and computed again just before its backward pass (recompute_outputs), so the backward pass runs
-// as without recomputation, plus those reruns.
+// modules' layers too; and unfused attention's probabilities (causal_attention.h). Their outputs
+// are dropped as soon as the operation that uses them has run and computed again just before its
+// backward pass (recompute_outputs), so the backward pass runs as without recomputation, plus
+// those reruns.
 //
 // The rerun computes bitwise what the first pass computed (the same operations on the same
 // values, on any device dstrain runs deterministically), so training gives the same numbers with
