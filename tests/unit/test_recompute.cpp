@@ -167,31 +167,37 @@ TEST(Recompute, DroppedOutputsAreGivenBackWithTheirBackwardPassNotWithTheGraph) 
 
 // rerun_seconds counts the reruns of both functions (recompute_outputs' refill inside its rerun's
 // time, not twice), and nothing of the first forward pass or of a backward pass without
-// recomputation: parts that sleep a known time.
+// recomputation: parts that sleep and time their own sleep, so that the bounds hold however long a
+// loaded machine oversleeps (counted once, a rerun's time is its sleep and a little more; counted
+// twice, a whole sleep more).
 TEST(Recompute, RerunSecondsCountTheRerunsOnly) {
-  using std::chrono::milliseconds;
-  auto sleeping = [](milliseconds time) {
-    return [time](const torch::Tensor& in) {
-      std::this_thread::sleep_for(time);
+  using Clock = std::chrono::steady_clock;
+  auto sleeping = [](double* slept) {
+    return [slept](const torch::Tensor& in) {
+      const Clock::time_point start = Clock::now();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      *slept = std::chrono::duration<double>(Clock::now() - start).count();  // this run's
       return in * 2;
     };
   };
+  constexpr double kOverhead = 0.05;  // besides the sleep, well under a sleep's 0.1 s
+  double plain_slept = 0, whole_slept = 0, dropped_slept = 0;
   const torch::Tensor x = torch::randn({3}).requires_grad_(true);
   double before = rerun_seconds();
-  torch::Tensor plain = sleeping(milliseconds(30))(x).sum();
-  torch::Tensor whole = recompute_in_backward(sleeping(milliseconds(30)), x).sum();
-  const Tensors dropped = recompute_outputs(
-      [&](const Tensors& in) { return Tensors{sleeping(milliseconds(20))(in[0])}; }, {x},
-      [](const Tensors& out) { return Tensors{out[0] * out[0]}; });
+  torch::Tensor plain = sleeping(&plain_slept)(x).sum();
+  torch::Tensor whole = recompute_in_backward(sleeping(&whole_slept), x).sum();
+  const Tensors dropped =
+      recompute_outputs([&](const Tensors& in) { return Tensors{sleeping(&dropped_slept)(in[0])}; }, {x},
+                        [](const Tensors& out) { return Tensors{out[0] * out[0]}; });
   plain.backward();
   EXPECT_EQ(rerun_seconds(), before) << "a forward pass or a plain backward pass counted";
   whole.backward();
-  EXPECT_GE(rerun_seconds() - before, 0.030);
-  EXPECT_LT(rerun_seconds() - before, 0.050);
+  EXPECT_GE(rerun_seconds() - before, whole_slept);
+  EXPECT_LT(rerun_seconds() - before, whole_slept + kOverhead);
   before = rerun_seconds();
   dropped[0].sum().backward();
-  EXPECT_GE(rerun_seconds() - before, 0.020);
-  EXPECT_LT(rerun_seconds() - before, 0.040) << "counted twice";
+  EXPECT_GE(rerun_seconds() - before, dropped_slept);
+  EXPECT_LT(rerun_seconds() - before, dropped_slept + kOverhead) << "counted twice";
 }
 
 // Unfused attention under selective recomputation: through a chain of attentions (a layer's
