@@ -24,13 +24,15 @@ std::string quote(const std::string& arg) {
 
 }  // namespace
 
-RunOutput run_dstrain(int ranks, const std::vector<std::string>& args) {
+RunOutput run_dstrain(int ranks, const std::vector<std::string>& args) { return run_executable(DSTRAIN_EXE, ranks, args); }
+
+RunOutput run_executable(const std::string& executable, int ranks, const std::vector<std::string>& args) {
   // Test machines and containers often run as root, which mpirun refuses without these.
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   std::string command;
   if (ranks > 0) command = std::string(MPIEXEC) + " -np " + std::to_string(ranks) + " --oversubscribe ";
-  command += DSTRAIN_EXE;
+  command += quote(executable);
   for (const std::string& arg : args) command += " " + quote(arg);
   return run_shell(command);
 }

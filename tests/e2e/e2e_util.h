@@ -15,6 +15,8 @@ struct RunOutput {
 
 // `ranks` = 0 runs dstrain directly (no launcher); otherwise under mpirun -np ranks.
 RunOutput run_dstrain(int ranks, const std::vector<std::string>& args);
+// The same with another dstrain executable (a reference build's, say).
+RunOutput run_executable(const std::string& executable, int ranks, const std::vector<std::string>& args);
 // A shell command line, its standard output and error together.
 RunOutput run_shell(const std::string& command);
 
