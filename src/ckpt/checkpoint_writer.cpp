@@ -1,4 +1,4 @@
-#include "dstrain/dist/deadline.h"
+#include "dstrain/parallel/deadline.h"
 #include "dstrain/ckpt/checkpoint_writer.h"
 
 #include <fcntl.h>

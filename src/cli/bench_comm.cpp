@@ -13,9 +13,9 @@
 
 #include "bench.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/device.h"
-#include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/train/job.h"
 
 namespace dstrain::bench {

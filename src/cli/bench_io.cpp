@@ -13,8 +13,8 @@
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
-#include "dstrain/dist/agreed_phase.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/agreed_phase.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/train/job.h"
 
 namespace dstrain::bench {

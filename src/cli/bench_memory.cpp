@@ -8,7 +8,7 @@
 #include "dstrain/core/blas.h"
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/device.h"
+#include "dstrain/parallel/device.h"
 
 namespace dstrain::bench {
 namespace {

@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/agreed_phase.h"
+#include "dstrain/parallel/agreed_phase.h"
 
 namespace dstrain {
 

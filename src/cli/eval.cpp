@@ -12,9 +12,9 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/mpi_communicator.h"
-#include "dstrain/dist/parallel_context.h"
-#include "dstrain/dist/agreed_phase.h"
+#include "dstrain/parallel/mpi_communicator.h"
+#include "dstrain/parallel/parallel_context.h"
+#include "dstrain/parallel/agreed_phase.h"
 #include "dstrain/train/checkpoint_evaluation.h"
 #include "dstrain/train/train_config.h"
 

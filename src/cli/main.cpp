@@ -25,13 +25,13 @@
 #include "dstrain/core/log.h"
 #include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
-#include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/system_report.h"
 #include "dstrain/core/blas.h"
-#include "dstrain/dist/deadline.h"
+#include "dstrain/parallel/deadline.h"
 #include "dstrain/train/trainer.h"
 
 namespace po = boost::program_options;

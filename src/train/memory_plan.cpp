@@ -5,7 +5,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
 #include "dstrain/core/torch_compat.h"
-#include "dstrain/dist/device.h"
+#include "dstrain/parallel/device.h"
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"

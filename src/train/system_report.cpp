@@ -13,7 +13,7 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/blas.h"
 #include "dstrain/core/error.h"
-#include "dstrain/dist/mpi_check.h"
+#include "dstrain/parallel/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
 #ifdef DSTRAIN_WITH_NCCL
 #include <nccl.h>

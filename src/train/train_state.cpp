@@ -12,7 +12,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/agreed_phase.h"
+#include "dstrain/parallel/agreed_phase.h"
 #include "dstrain/train/checkpointing.h"
 
 namespace dstrain {

@@ -8,9 +8,9 @@
 #include <cstdlib>
 
 #include "dstrain/core/accelerator.h"
-#include "dstrain/dist/device.h"
-#include "dstrain/dist/nccl_communicator.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/parallel/nccl_communicator.h"
+#include "dstrain/parallel/parallel_context.h"
 
 using namespace dstrain;
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <tuple>
 
-#include "dstrain/dist/mpi_communicator.h"
+#include "dstrain/parallel/mpi_communicator.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/block_quantization.h"
 #include "dstrain/optim/grad_buffer.h"

@@ -1,4 +1,4 @@
-// The MPI backend's progress thread (dist/mpi_progress.h) on real ranks: an all-reduce started
+// The MPI backend's progress thread (parallel/mpi_progress.h) on real ranks: an all-reduce started
 // before a stretch without MPI calls (a backward pass, here a sleep that leaves the cores free)
 // completes during it, so that waiting afterwards costs little of what the reduction costs; with
 // the thread off part of it is still to do, as before. The reduction is made long (64 MB, several
@@ -12,8 +12,8 @@
 #include <string>
 #include <thread>
 
-#include "dstrain/dist/mpi_communicator.h"
-#include "dstrain/dist/mpi_progress.h"
+#include "dstrain/parallel/mpi_communicator.h"
+#include "dstrain/parallel/mpi_progress.h"
 
 using namespace dstrain;
 

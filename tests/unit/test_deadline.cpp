@@ -1,4 +1,4 @@
-// The bound on phases that cannot be left by an exception (dist/deadline.h), in a child process
+// The bound on phases that cannot be left by an exception (parallel/deadline.h), in a child process
 // that really blocks: it ends with the phase's exit code and message, and removes the partial
 // file it was asked to; a phase that finishes in time is left alone.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "dstrain/core/files.h"
-#include "dstrain/dist/deadline.h"
+#include "dstrain/parallel/deadline.h"
 #include "test_util.h"
 
 using namespace dstrain;

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/rank_grid.h"
+#include "dstrain/parallel/rank_grid.h"
 
 using namespace dstrain;
 

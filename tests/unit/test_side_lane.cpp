@@ -1,4 +1,4 @@
-// DualPipeV's side lane (pipeline/side_lane.h, dist/compute_lane.h): the share of a pair's
+// DualPipeV's side lane (pipeline/side_lane.h, parallel/compute_lane.h): the share of a pair's
 // exchange waits that the other lane's computation hid, against intervals worked out by hand;
 // the side thread's lane, LibTorch state, noted waits and errors.
 #include <gtest/gtest.h>

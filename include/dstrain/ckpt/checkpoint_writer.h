@@ -18,7 +18,7 @@
 
 #include "dstrain/ckpt/format.h"
 #include "dstrain/ckpt/parameter_file.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 
 namespace dstrain {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "dstrain/ckpt/parameter_file.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 
 namespace dstrain {
 

@@ -13,8 +13,8 @@
 
 #include <vector>
 
-#include "dstrain/dist/communicator.h"
-#include "dstrain/dist/compute_lane.h"
+#include "dstrain/parallel/communicator.h"
+#include "dstrain/parallel/compute_lane.h"
 #include "dstrain/model/grouped_experts.h"
 
 namespace dstrain {

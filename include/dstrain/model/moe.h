@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "dstrain/dist/compute_lane.h"
+#include "dstrain/parallel/compute_lane.h"
 #include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"

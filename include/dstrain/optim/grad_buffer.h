@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "dstrain/core/torch_compat.h"
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 #include "dstrain/optim/block_quantization.h"
 #include "dstrain/optim/parameter_shard.h"
 

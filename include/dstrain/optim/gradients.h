@@ -6,7 +6,7 @@
 
 #include "dstrain/core/torch_api.h"
 
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 #include "dstrain/optim/grad_buffer.h"
 
 namespace dstrain {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/moe.h"
 #include "dstrain/optim/post_step_hook.h"

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 #include "dstrain/optim/block_quantization.h"
 
 namespace dstrain {

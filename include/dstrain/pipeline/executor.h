@@ -13,7 +13,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/weight_gradient_store.h"
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
 #include "dstrain/pipeline/stage.h"

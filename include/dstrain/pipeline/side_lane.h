@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "dstrain/dist/compute_lane.h"
+#include "dstrain/parallel/compute_lane.h"
 
 namespace dstrain {
 

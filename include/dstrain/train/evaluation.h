@@ -11,7 +11,7 @@
 
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/train/train_config.h"
 

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/loss_scaler.h"
 #include "dstrain/train/step_report.h"
 #include "dstrain/train/train_config.h"

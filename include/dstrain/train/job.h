@@ -8,8 +8,8 @@
 #include <optional>
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/device.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/grad_buffer.h"
 
 namespace dstrain {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dstrain/dist/device.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/train/step_report.h"
 #include "dstrain/train/train_config.h"

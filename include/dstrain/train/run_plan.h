@@ -4,8 +4,8 @@
 #pragma once
 
 #include "dstrain/data/mixture.h"
-#include "dstrain/dist/device.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/train/stage_builder.h"
 #include "dstrain/train/train_config.h"

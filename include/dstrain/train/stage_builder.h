@@ -10,7 +10,7 @@
 
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/data/loader.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/train/language_model_stage.h"

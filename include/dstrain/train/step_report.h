@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/lr_schedule.h"
 #include "dstrain/optim/moe_balancing.h"
 #include "dstrain/pipeline/executor.h"

@@ -8,7 +8,7 @@
 #include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/core/config.h"
 #include "dstrain/data/batch_rampup.h"
-#include "dstrain/dist/parallel_config.h"
+#include "dstrain/parallel/parallel_config.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/optim/optim_config.h"
 

@@ -12,7 +12,7 @@
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/format.h"
 #include "dstrain/data/mixture.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/train/model_gradients.h"
 #include "dstrain/optim/loss_scaler.h"

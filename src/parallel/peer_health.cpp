@@ -1,4 +1,4 @@
-#include "dstrain/dist/peer_health.h"
+#include "dstrain/parallel/peer_health.h"
 
 #include <mpi.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "dstrain/dist/mpi_check.h"
+#include "dstrain/parallel/mpi_check.h"
 
 namespace dstrain::peer_health {
 namespace {

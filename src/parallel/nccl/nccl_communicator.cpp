@@ -1,4 +1,4 @@
-#include "dstrain/dist/nccl_communicator.h"
+#include "dstrain/parallel/nccl_communicator.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -19,8 +19,8 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/peer_health.h"
+#include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/peer_health.h"
 
 namespace dstrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "dstrain/dist/mpi_communicator.h"
+#include "dstrain/parallel/mpi_communicator.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -11,10 +11,10 @@
 #include <optional>
 #include <thread>
 
-#include "dstrain/dist/compute_lane.h"
-#include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/mpi_progress.h"
-#include "dstrain/dist/peer_health.h"
+#include "dstrain/parallel/compute_lane.h"
+#include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/mpi_progress.h"
+#include "dstrain/parallel/peer_health.h"
 
 namespace dstrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "dstrain/dist/rank_grid.h"
+#include "dstrain/parallel/rank_grid.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "dstrain/dist/mpi_progress.h"
+#include "dstrain/parallel/mpi_progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "dstrain/dist/mpi_check.h"
+#include "dstrain/parallel/mpi_check.h"
 
 namespace dstrain::mpi_progress {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 
 namespace dstrain {
 

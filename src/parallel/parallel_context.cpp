@@ -1,4 +1,4 @@
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 
 #include <hdf5.h>
 
@@ -9,11 +9,11 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/h5.h"
 #include "dstrain/core/log.h"
-#include "dstrain/dist/mpi_check.h"
-#include "dstrain/dist/nccl_communicator.h"
-#include "dstrain/dist/peer_health.h"
-#include "dstrain/dist/deadline.h"
-#include "dstrain/dist/mpi_progress.h"
+#include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/nccl_communicator.h"
+#include "dstrain/parallel/peer_health.h"
+#include "dstrain/parallel/deadline.h"
+#include "dstrain/parallel/mpi_progress.h"
 
 namespace dstrain {
 

@@ -1,4 +1,4 @@
-#include "dstrain/dist/compute_lane.h"
+#include "dstrain/parallel/compute_lane.h"
 
 #include <atomic>
 #include <chrono>

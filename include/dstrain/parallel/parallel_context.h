@@ -4,9 +4,9 @@
 #include <memory>
 #include <string>
 
-#include "dstrain/dist/mpi_communicator.h"
-#include "dstrain/dist/parallel_config.h"
-#include "dstrain/dist/rank_grid.h"
+#include "dstrain/parallel/mpi_communicator.h"
+#include "dstrain/parallel/parallel_config.h"
+#include "dstrain/parallel/rank_grid.h"
 
 namespace dstrain {
 

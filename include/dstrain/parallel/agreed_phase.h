@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/parallel_context.h"
+#include "dstrain/parallel/parallel_context.h"
 
 namespace dstrain {
 

@@ -1,7 +1,7 @@
-#include "dstrain/dist/parallel_config.h"
+#include "dstrain/parallel/parallel_config.h"
 
 #include "dstrain/core/error.h"
-#include "dstrain/dist/rank_grid.h"
+#include "dstrain/parallel/rank_grid.h"
 
 namespace dstrain {
 

@@ -1,7 +1,7 @@
-#include "dstrain/dist/device.h"
+#include "dstrain/parallel/device.h"
 
 #include "dstrain/core/accelerator.h"
-#include "dstrain/dist/mpi_check.h"
+#include "dstrain/parallel/mpi_check.h"
 
 namespace dstrain {
 

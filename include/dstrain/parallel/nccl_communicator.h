@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "dstrain/dist/communicator.h"
+#include "dstrain/parallel/communicator.h"
 
 namespace dstrain {
 
