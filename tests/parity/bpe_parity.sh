@@ -44,7 +44,11 @@ candidates=$( { pick 400000 /usr/share/common-licenses/*
 node -e '
   const fs = require("fs"), d = new TextDecoder("utf-8", {fatal: true});
   for (const f of process.argv.slice(1)) { try { d.decode(fs.readFileSync(f)); console.log(f); } catch (e) {} }
-' $candidates > inputs.txt
+' $candidates > picked.txt
+# Copies, read by both tokenizers: a source file edited meanwhile would give each other text.
+rm -rf text && mkdir text
+n=0
+while read -r f; do n=$((n + 1)); cp "$f" "text/$(printf %04d $n)"; echo "text/$(printf %04d $n)"; done < picked.txt > inputs.txt
 echo unicode.txt >> inputs.txt
 echo "$(wc -l < inputs.txt) files, $(cat $(cat inputs.txt) | wc -c) bytes"
 
