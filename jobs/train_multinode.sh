@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # N nodes × 8 GPUs: data parallelism inside each node (its 8 GPUs, over NVLink), pipeline stages
-# across nodes (parallel.pp = N), as Megatron-LM lays them out (parallel.order = dp-pp puts the
+# across nodes (parallel.pp = N), as Megatron-LM lays them out (parallel.order = tp-cp-ep-dp-pp puts the
 # ranks of a node in one data-parallel group).
 #   sbatch --nodes=4 jobs/train_multinode.sh input/deepseek-llm-7b.ini --data.train data/my.h5
 # The run directory is runs/JOB_NAME in the submit directory (RUN_DIR overrides), on a file system
@@ -26,4 +26,4 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 dstrain_train --cpu-bind=cores --gpu-bind=closest -- \
   --train.device cuda --comm.backend nccl --train.precision bf16 --train.threads "$OMP_NUM_THREADS" \
-  --parallel.pp "$nodes" --parallel.order dp-pp --ckpt.interval 500 --comm.timeout_s 1200
+  --parallel.pp "$nodes" --parallel.order tp-cp-ep-dp-pp --ckpt.interval 500 --comm.timeout_s 1200

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dstrain/core/error.h"
+#include "dstrain/parallel/parallel_grid.h"
 
 namespace dstrain {
 namespace {
@@ -37,16 +38,35 @@ std::map<std::string, std::string> checkpoint_config_values(const std::string& c
   return values;
 }
 
-int64_t checkpoint_expert_parallel_size(const std::string& config_text) {
+ParallelConfig checkpoint_layout(const std::string& config_text) {
   const std::map<std::string, std::string> values = checkpoint_config_values(config_text);
-  const auto ep = values.find("parallel.ep");
-  if (ep == values.end()) return 1;
+  auto size = [&](const std::string& key) {
+    const auto value = values.find(key);
+    if (value == values.end()) return 1;
+    int ranks = 0;
+    try {
+      ranks = std::stoi(value->second);
+    } catch (const std::exception&) {
+    }
+    if (ranks < 1)
+      throw Error(ExitCode::kCheckpoint,
+                  "the checkpoint's configuration has " + key + " = " + value->second + ", not a number of ranks");
+    return ranks;
+  };
+  ParallelConfig layout;
+  layout.tp = size("parallel.tp");
+  layout.cp = size("parallel.cp");
+  layout.dp = size("parallel.dp");
+  layout.pp = size("parallel.pp");
+  layout.ep = size("parallel.ep");
+  const auto order = values.find("parallel.order");
+  if (order != values.end()) layout.order = order->second;
   try {
-    return std::stoll(ep->second);
-  } catch (const std::exception&) {
-    throw Error(ExitCode::kCheckpoint, "the checkpoint's configuration has parallel.ep = " + ep->second +
-                                           ", not a number of ranks");
+    layout.order = ParallelGrid(layout).order();  // complete, and a grid
+  } catch (const Error& e) {
+    throw Error(ExitCode::kCheckpoint, std::string("the checkpoint's configuration: ") + e.what());
   }
+  return layout;
 }
 
 std::vector<std::string> checkpoint_config_arguments(const std::string& config_text) {

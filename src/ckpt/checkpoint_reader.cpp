@@ -71,10 +71,13 @@ std::string resolve_checkpoint(const std::string& path, const std::string& key) 
                          "the newest being " + path + "/" + newest);
 }
 
-std::string resolve_resume(const std::string& resume, const std::string& dir) {
-  if (resume == "none") return "";
-  if (resume == "auto") return files::exists(dir + "/latest") ? latest_in(dir) : newest_without_latest(dir);
-  return resolve_checkpoint(resume, "ckpt.resume");
+std::string resolve_resume(const ResumeFrom& resume, const std::string& dir) {
+  switch (resume.kind) {
+    case ResumeFrom::kNone: return "";
+    case ResumeFrom::kAuto: return files::exists(dir + "/latest") ? latest_in(dir) : newest_without_latest(dir);
+    case ResumeFrom::kPath: break;
+  }
+  return resolve_checkpoint(resume.path, "ckpt.resume");
 }
 
 CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {

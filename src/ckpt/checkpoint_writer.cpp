@@ -110,9 +110,9 @@ std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& p
   return remove;
 }
 
-CheckpointWriter::CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel,
-                                   double timeout_s)
-    : dir_(std::move(dir)), retention_(retention), parallel_(parallel), timeout_s_(timeout_s) {}
+CheckpointWriter::CheckpointWriter(std::string dir, RetentionPolicy retention, MpiCommunicator& world,
+                                   const Communicator& replicas, double timeout_s)
+    : dir_(std::move(dir)), retention_(retention), world_(world), replicas_(replicas), timeout_s_(timeout_s) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -122,45 +122,44 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const
                                CheckpointState state, const torch::Tensor& rng) {
   finish();
   const Clock::time_point start = Clock::now();
-  const RankGrid& grid = parallel_.grid;
   job_ = Job{};
   job_.step = step;
   job_.path = dir_ + "/" + checkpoint_file_name(step);
   job_.tmp_path = job_.path + ".tmp";
   job_.started = start;
 
-  // Every rank learns every dataset (each stage's first data-parallel rank describes those the
-  // stage holds whole; every rank those it holds pieces of).
+  // Every rank learns every dataset (the first of each set of replicas describes those they hold
+  // whole; every rank those it holds pieces of).
   std::vector<DatasetSpec> described;
-  if (parallel_.coord.dp == 0)
+  if (replicas_.rank() == 0)
     for (const auto& [name, t] : datasets) described.push_back({name, t.scalar_type(), t.sizes().vec()});
   for (const DatasetPiece& piece : owned) described.push_back({piece.name, piece.values.scalar_type(), piece.shape});
   std::vector<DatasetSpec> all;
-  for (const std::string& text : parallel_.world->all_gather_strings(serialize(described)))
+  for (const std::string& text : world_.all_gather_strings(serialize(described)))
     for (DatasetSpec& s : parse(text)) all.push_back(std::move(s));
   std::sort(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name < b.name; });
   all.erase(std::unique(all.begin(), all.end(), [](const DatasetSpec& a, const DatasetSpec& b) { return a.name == b.name; }),
             all.end());
 
-  // The stage's data-parallel ranks share its datasets, largest first to the least loaded: the
-  // same split on each of them.
+  // The replicas share their datasets, largest first to the least loaded: the same split on each
+  // of them.
   std::vector<size_t> order(datasets.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return datasets[a].second.nbytes() > datasets[b].second.nbytes(); });
-  std::vector<int64_t> load(static_cast<size_t>(grid.dp()), 0);
+  std::vector<int64_t> load(static_cast<size_t>(replicas_.size()), 0);
   for (size_t i : order) {
     const size_t writer = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[writer] += static_cast<int64_t>(datasets[i].second.nbytes());
-    if (static_cast<int>(writer) == parallel_.coord.dp)
+    if (static_cast<int>(writer) == replicas_.rank())
       job_.mine.push_back({datasets[i].first, host_copy(datasets[i].second), datasets[i].second.sizes().vec(), 0});
   }
   for (const DatasetPiece& piece : owned) job_.mine.push_back({piece.name, host_copy(piece.values), piece.shape, piece.offset});
 
   // Rank 0 keeps every rank's generator state.
-  const std::vector<std::string> states = parallel_.world->all_gather_strings(
+  const std::vector<std::string> states = world_.all_gather_strings(
       std::string(static_cast<const char*>(rng.data_ptr()), static_cast<size_t>(rng.nbytes())));
-  if (parallel_.world_rank == 0) {
+  if (world_.rank() == 0) {
     for (const std::string& s : states)
       if (s.size() != states[0].size()) throw Error(ExitCode::kInternal, "checkpoint: ranks' generator states differ in size");
     state.rng = torch::empty({static_cast<int64_t>(states.size()), static_cast<int64_t>(states[0].size())}, torch::kUInt8);
@@ -172,9 +171,9 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const
   // The file and its datasets, created together by every rank through MPI-IO; HDF5 places each
   // dataset (contiguous, allocated now, never filled) and tells where.
   std::string why;
-  if (parallel_.world_rank == 0 && !files::make_directories(dir_, &why))
+  if (world_.rank() == 0 && !files::make_directories(dir_, &why))
     throw config_error("ckpt.dir", dir_, "cannot create this directory (" + why + ")");
-  parallel_.world->barrier();
+  world_.barrier();
   {
     Deadline deadline("checkpoint of step " + std::to_string(step) + ": the collective creation of " +
                                 job_.tmp_path,
@@ -250,7 +249,7 @@ void CheckpointWriter::poll() {
   torch::Tensor everyone_written = torch::full({1}, written_ ? 1 : 0, torch::kInt32);
   // The minimum over ranks: 1 only when every rank has written its share.
   everyone_written.neg_();
-  parallel_.world->all_reduce(everyone_written, ReduceOp::kMax);
+  world_.all_reduce(everyone_written, ReduceOp::kMax);
   if (-everyone_written.item<int>() == 1) complete();
 }
 
@@ -264,7 +263,7 @@ void CheckpointWriter::complete() {
   if (thread_.joinable()) thread_.join();
   in_flight_ = false;
   torch::Tensor failed = torch::full({1}, job_.error.empty() ? 0 : 1, torch::kInt32);
-  parallel_.world->all_reduce(failed, ReduceOp::kMax);
+  world_.all_reduce(failed, ReduceOp::kMax);
   if (!job_.error.empty()) {
     // The partial file goes before the job ends: on a full disk it would keep the disk full.
     std::remove(job_.tmp_path.c_str());
@@ -274,7 +273,7 @@ void CheckpointWriter::complete() {
   std::string mine;
   for (const auto& [name, checksum] : job_.checksums) mine += name + "\t" + checksum + "\n";
   std::map<std::string, std::vector<std::string>> records;  // a dataset's, from every rank that wrote some of it
-  for (const std::string& text : parallel_.world->all_gather_strings(mine)) {
+  for (const std::string& text : world_.all_gather_strings(mine)) {
     for (size_t at = 0; at < text.size();) {
       const size_t tab = text.find('\t', at), end = text.find('\n', at);
       records[text.substr(at, tab - at)].push_back(text.substr(tab + 1, end - tab - 1));
@@ -285,7 +284,7 @@ void CheckpointWriter::complete() {
   for (auto& [name, pieces] : records)
     checksums[name] = pieces.size() == 1 && pieces[0].find(':') == std::string::npos ? pieces[0]
                                                                                       : join_piece_checksums(pieces);
-  if (parallel_.world_rank == 0) finalize_on_rank0(checksums);
+  if (world_.rank() == 0) finalize_on_rank0(checksums);
 }
 
 void CheckpointWriter::finalize_on_rank0(const std::map<std::string, std::string>& checksums) {

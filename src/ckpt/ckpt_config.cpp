@@ -30,8 +30,11 @@ CkptConfig read_ckpt_config(const Options& o, const std::string& run_dir) {
   c.interval = o.get_int("ckpt.interval", 0);
   c.keep_last = static_cast<int>(o.get_int("ckpt.keep_last", 0, 1 << 30));
   c.keep_every = static_cast<int>(o.get_int("ckpt.keep_every", 0, 1 << 30));
-  c.resume = o.get_string("ckpt.resume");
-  if (c.resume.empty()) throw config_error("ckpt.resume", "", "expected auto, none or a checkpoint file");
+  const std::string resume = o.get_string("ckpt.resume");
+  if (resume.empty()) throw config_error("ckpt.resume", "", "expected auto, none or a checkpoint file");
+  c.resume = resume == "auto"   ? ResumeFrom{ResumeFrom::kAuto, ""}
+             : resume == "none" ? ResumeFrom{ResumeFrom::kNone, ""}
+                                : ResumeFrom{ResumeFrom::kPath, resume};
   c.load_weights = o.get_string("ckpt.load_weights");
   c.save_final = o.get_bool("ckpt.save_final");
   return c;

@@ -251,12 +251,6 @@ const char* dtype_name(torch::ScalarType dtype) {
   }
 }
 
-torch::ScalarType dtype_named(const std::string& name) {
-  if (name == "bf16") return torch::kBFloat16;
-  if (name == "fp16") return torch::kFloat16;
-  return torch::kFloat32;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);

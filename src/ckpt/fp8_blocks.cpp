@@ -7,7 +7,7 @@
 #include <limits>
 #include <sstream>
 
-#include "dstrain/ckpt/fp8_e4m3.h"
+#include "dstrain/core/fp8_e4m3.h"
 #include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 

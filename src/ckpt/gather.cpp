@@ -70,26 +70,35 @@ void receive_stage(MpiCommunicator& world, int source, NamedTensors* out) {
 
 }  // namespace
 
-NamedTensors gather_parameters(const NamedTensors& local, const ParallelContext& parallel) {
-  const RankGrid& grid = parallel.grid;
-  MpiCommunicator& world = *parallel.world;
+namespace {
+
+// What `rank` sends: its replicated parameters when it is the first of their replicas, its
+// routed experts when it is the first of theirs.
+struct Share {
+  bool replicated, experts;
+  bool any() const { return replicated || experts; }
+};
+Share share_of(const ParallelGrid& grid, int rank) {
+  return {grid.rank_in(Group::kDpCp, rank) == 0, grid.rank_in(Group::kEdp, rank) == 0};
+}
+
+}  // namespace
+
+NamedTensors gather_parameters(const NamedTensors& local, MpiCommunicator& world, const ParallelGrid& grid) {
   NamedTensors all;
-  // Each stage's first data shard sends what it holds; under expert parallelism the rest of its
-  // expert-parallel group sends the other experts.
-  if (parallel.world_rank == 0) {
+  if (world.rank() == 0) {  // the first of every set of replicas
     for (const auto& [name, t] : local) all.emplace_back(name, t.detach().to(torch::kCPU));
-    for (int stage = 0; stage < grid.pp(); ++stage)
-      for (int shard = 0; shard < parallel.ep; ++shard)
-        if (stage > 0 || shard > 0) receive_stage(world, grid.rank_of({shard, stage}), &all);
+    for (int rank = 1; rank < grid.world(); ++rank)
+      if (share_of(grid, rank).any()) receive_stage(world, rank, &all);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  } else if (parallel.coord.dp == 0) {
-    send_stage(world, local, 0);
-  } else if (parallel.coord.dp < parallel.ep) {
-    NamedTensors experts;
-    for (const auto& named : local)
-      if (is_routed_expert_parameter(named.first)) experts.push_back(named);
-    send_stage(world, experts, 0);
+    return all;
   }
+  const Share share = share_of(grid, world.rank());
+  if (!share.any()) return all;
+  NamedTensors mine;
+  for (const auto& named : local)
+    if (is_routed_expert_parameter(named.first) ? share.experts : share.replicated) mine.push_back(named);
+  send_stage(world, mine, 0);
   return all;
 }
 

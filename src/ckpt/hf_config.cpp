@@ -20,7 +20,8 @@ const char* hf_torch_dtype(torch::ScalarType dtype) {
 HfConfig hf_config(const ModelConfig& m, torch::ScalarType dtype) {
   HfConfig out;
   nlohmann::json& j = out.json;
-  const bool v3 = m.n_routed_experts > 0 && (m.topk_method == "noaux_tc" || m.scoring_func == "sigmoid");
+  const bool v3 =
+      m.n_routed_experts > 0 && (m.topk_method == TopkMethod::kNoauxTc || m.scoring_func == ScoringFunction::kSigmoid);
   const bool deepseek = v3 || m.is_mla() || m.n_routed_experts > 0;
   j["model_type"] = v3 ? "deepseek_v3" : deepseek ? "deepseek_v2" : "llama";
   j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : deepseek ? "DeepseekV2ForCausalLM" : "LlamaForCausalLM"};
@@ -80,8 +81,8 @@ HfConfig hf_config(const ModelConfig& m, torch::ScalarType dtype) {
   j["moe_layer_freq"] = m.moe_layer_freq;
   j["n_group"] = m.n_group;
   j["topk_group"] = m.topk_group;
-  j["topk_method"] = m.topk_method;
-  j["scoring_func"] = m.scoring_func;
+  j["topk_method"] = name_of(topk_method_names(), m.topk_method);
+  j["scoring_func"] = name_of(scoring_function_names(), m.scoring_func);
   j["norm_topk_prob"] = m.norm_topk_prob;
   j["routed_scaling_factor"] = m.routed_scaling_factor;
   if (!v3 && m.norm_topk_prob && m.routed_scaling_factor != 1.0)

@@ -45,16 +45,16 @@ nlohmann::json comm(const Options& o) {
   const Job job = start_job([&](int world_size, int) {
     TrainConfig c;
     c.loop.threads = torch::get_num_threads();  // LibTorch's own choice: these benchmarks compute nothing
-    c.loop.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
-    c.comm.backend = o.get_choice("comm.backend", {"auto", "mpi", "nccl"});
+    c.loop.device = o.get_enum("train.device", device_request_names());
+    c.comm.backend = o.get_enum("comm.backend", backend_names());
     c.comm.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);
     c.parallel.dp = world_size;
     return c;
   });
   const int world_size = job.world_size;
   const DevicePlacement& placement = job.placement;
-  Communicator& group = *job.parallel->dp_group;
-  const std::string backend = group.backend();
+  Communicator& group = job.parallel->group(Group::kDp);
+  const std::string backend = name_of(backend_names(), group.backend());
   const int64_t iters = o.get_int("bench.iters", 1);
   const int64_t min_bytes = o.get_int("bench.min_bytes", 4);
   int64_t max_bytes = o.get_int("bench.max_bytes", 0);

@@ -29,8 +29,8 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   Job job = start_job([](int world_size, int) {
     TrainConfig c;
     c.loop.threads = torch::get_num_threads();  // LibTorch's own choice: these benchmarks compute nothing
-    c.loop.device = "cpu";
-    c.comm.backend = "mpi";
+    c.loop.device = DeviceRequest::kCpu;
+    c.comm.backend = Backend::kMpi;
     c.parallel.dp = world_size;
     return c;
   });
@@ -41,17 +41,17 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
     throw config_error("run.dir", "", "give a directory (or ckpt.dir) to write in");
   const std::string dir = ckpt.dir + "/bench-io";
   // Removed afterwards, so it must be the benchmark's own: rank 0 looks before anyone creates it.
-  const std::string seen_by_rank_0 = parallel.world_rank == 0 && files::exists(dir) ? "exists" : "";
+  const std::string seen_by_rank_0 = parallel.world_rank() == 0 && files::exists(dir) ? "exists" : "";
   const std::string key = ckpt.dir_in_run_dir ? "run.dir" : "ckpt.dir";
-  if (!parallel.world->broadcast_string(seen_by_rank_0, 0).empty())
+  if (!parallel.world().broadcast_string(seen_by_rank_0, 0).empty())
     throw config_error(key, ckpt.dir_in_run_dir ? run_dir : ckpt.dir,
                        dir + " exists already; remove it, or choose another directory");
   // Made by rank 0 before the writer, so that it knows which of the parents it made too: the
   // benchmark leaves none of them behind.
   std::vector<std::string> made;
-  agreed_phase(parallel.world_rank, [&] {
+  agreed_phase(parallel.world_rank(), [&] {
     std::string why;
-    if (parallel.world_rank == 0 && !files::make_directories(dir, &why, &made))
+    if (parallel.world_rank() == 0 && !files::make_directories(dir, &why, &made))
       throw config_error(key, ckpt.dir_in_run_dir ? run_dir : ckpt.dir, "cannot create " + dir + " (" + why + ")");
   });
   // fp32 tensors of 16 MiB, as many as make bench.ckpt_mb: the ranks share them, as the
@@ -61,7 +61,7 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   for (int64_t i = 0; i < tensors; ++i)
     datasets.emplace_back("model/tensor." + std::to_string(i), torch::randn({4 << 20}));
   const double bytes = static_cast<double>(tensors) * (16 << 20);
-  CheckpointWriter writer(dir, RetentionPolicy{1, 0}, parallel);
+  CheckpointWriter writer(dir, RetentionPolicy{1, 0}, parallel.world(), parallel.group(Group::kDpCp));
   const torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   const Clock::time_point start = Clock::now();
   const double blocked = writer.begin(1, datasets, {}, CheckpointState{}, rng);
@@ -73,7 +73,7 @@ double checkpoint_write(const Options& o, nlohmann::json& rows) {
   log::info(line);
   rows.push_back({{"write", "checkpoint"}, {"bytes", bytes}, {"seconds", seconds}, {"blocked_seconds", blocked},
                   {"mbps", bytes / seconds / 1e6}, {"ranks", job.world_size}});
-  if (parallel.world_rank == 0) {
+  if (parallel.world_rank() == 0) {
     files::remove_tree(dir);
     files::remove_empty_directories(made);
   }

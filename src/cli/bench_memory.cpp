@@ -27,7 +27,7 @@ double seconds_per_copy(torch::Tensor& to, const torch::Tensor& from, int64_t it
 }  // namespace
 
 nlohmann::json memory(const Options& o) {
-  const DevicePlacement placement = place_rank(o.get_choice("train.device", {"auto", "cpu", "cuda"}));
+  const DevicePlacement placement = place_rank(o.get_enum("train.device", device_request_names()));
   const torch::Device device = placement.device;
   const int64_t iters = o.get_int("bench.iters", 1);
   int64_t bytes = o.get_int("bench.bytes", 0);

@@ -78,12 +78,14 @@ nlohmann::json step(Options o) {
 
   const ModelConfig model = read_model_config(o);
   const int64_t seq = o.get_int("train.seq_len", 1);
-  const bool on_gpu = computes_on_gpu(o.raw("train.device"));
+  const bool on_gpu = computes_on_gpu(o.get_enum("train.device", device_request_names()));
   nlohmann::json out = {{"bench", "step"},
                         {"ranks", world_size},
                         {"precision", o.raw("train.precision")},
-                        {"cuda_kernels", cuda_kernels_enabled() && on_gpu},  // dstrain's own: built, on, used
-                        {"grouped_experts", grouped_matmul_available() && on_gpu && model.n_routed_experts > 0},
+                        // dstrain's own kernels: built, on, used
+                        {"cuda_kernels", cuda_kernels_built() && o.get_bool("train.cuda_kernels") && on_gpu},
+                        {"grouped_experts", grouped_matmul_built() && o.get_bool("train.grouped_experts") && on_gpu &&
+                                                model.n_routed_experts > 0},
                         {"params", count_parameters(model).total},
                         {"seq_len", seq},
                         {"flops_per_token", training_flops_per_token(model, seq)},
@@ -93,7 +95,7 @@ nlohmann::json step(Options o) {
                         {"peak_activation_bytes", result.peak_activation_bytes},
                         {"recompute", o.raw("train.recompute")},
                         // Warm-up included; on a GPU only the time to queue the reruns (recompute.h).
-                        {"rerun_s_per_step", rerun_seconds() / static_cast<double>(warmup + timed)},
+                        {"rerun_s_per_step", result.rerun_seconds / static_cast<double>(warmup + timed)},
                         {"final_loss", result.final_loss}};
   char figures[128];
   std::snprintf(figures, sizeof figures, "bench step: %.0f tok/s over %lld timed steps", result.tokens_per_s,

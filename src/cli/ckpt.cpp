@@ -57,8 +57,8 @@ int inspect(const CheckpointReader& r) {
   std::printf("%s\n  step %lld, %llu samples (%llu tokens) consumed, %llu optimizer steps\n", r.path().c_str(),
               static_cast<long long>(s.step), static_cast<unsigned long long>(s.consumed_samples),
               static_cast<unsigned long long>(s.tokens), static_cast<unsigned long long>(s.optimizer_steps));
-  const int64_t ep = checkpoint_expert_parallel_size(s.config);
-  const std::string experts = ep > 1 ? " (experts over ep " + std::to_string(ep) + ")" : "";
+  const ParallelConfig layout = checkpoint_layout(s.config);
+  const std::string experts = layout.ep > 1 ? " (experts over ep " + std::to_string(layout.ep) + ")" : "";
   std::printf("  written by %llu ranks: dp %llu x pp %llu%s, schedule %s, %llu chunk(s) per stage, layers per virtual "
               "stage %s\n",
               static_cast<unsigned long long>(s.world_size), static_cast<unsigned long long>(s.dp),

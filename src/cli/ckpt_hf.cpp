@@ -117,7 +117,7 @@ std::vector<std::string> model_arguments_from_config_json(const std::string& sou
 HfImportSettings import_settings(const Options& options) {
   HfImportSettings settings;
   settings.model = read_model_config(options);
-  settings.dtype = dtype_named(options.get_choice("train.precision", {"fp32", "bf16", "fp16"}));
+  settings.dtype = options.get_enum("train.precision", precision_names());
   settings.seed = static_cast<uint64_t>(options.get_int("run.seed", 0));
   settings.seq_len = static_cast<uint64_t>(options.get_int("train.seq_len", 1, settings.model.max_seq_len));
   settings.global_batch = static_cast<uint64_t>(options.get_int("train.global_batch", 0));

@@ -25,10 +25,11 @@ const char* kDataUsage =
 
 int import_command(const std::vector<std::string>& args) {
   ImportOptions options;
+  std::string format;
   po::options_description description("dstrain data import options");
   description.add_options()
       ("help,h", "this help")
-      ("format", po::value<std::string>(&options.format), "llmc (llm.c .bin token shards) or megatron (PREFIX.idx + PREFIX.bin)")
+      ("format", po::value<std::string>(&format), "llmc (llm.c .bin token shards) or megatron (PREFIX.idx + PREFIX.bin)")
       ("input", po::value<std::vector<std::string>>(&options.inputs)->multitoken(),
        "llm.c shards, in order (read as one stream), or Megatron prefixes")
       ("output", po::value<std::string>(&options.output), "corpus file to write (HDF5)")
@@ -43,6 +44,7 @@ int import_command(const std::vector<std::string>& args) {
     std::cout << kDataUsage << "\n" << description;
     return 0;
   }
+  options.format = import_format_named(format);
   CorpusInfo info = import_corpus(options);
   std::printf("wrote %s: %llu documents, %llu tokens (vocabulary %llu, end-of-document %llu)\n", info.path.c_str(),
               static_cast<unsigned long long>(info.n_documents), static_cast<unsigned long long>(info.n_tokens),

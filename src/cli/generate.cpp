@@ -12,6 +12,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/data/tokenizer.h"
 #include "dstrain/model/generation.h"
+#include "dstrain/train/stage_builder.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -63,6 +64,15 @@ void refuse_settings_beyond_the_model(const std::vector<std::string>& overrides)
   }
 }
 
+// --device: auto when not given.
+DeviceRequest device_option(const CommandArgs& parsed) {
+  if (!parsed.own.count("device")) return DeviceRequest::kAuto;
+  const std::string& name = parsed.own.at("device");
+  for (const auto& [text, request] : device_request_names())
+    if (text == name) return request;
+  throw config_error("--device", name, "expected cpu, cuda or auto");
+}
+
 }  // namespace
 
 int generate_command(const std::vector<std::string>& args) {
@@ -85,13 +95,10 @@ int generate_command(const std::vector<std::string>& args) {
   sampling.top_k = static_cast<int64_t>(number_option(parsed, "top-k", 0, 0, 1e9, true));
   sampling.top_p = number_option(parsed, "top-p", 1.0, 1e-9, 1.0, false);
   sampling.seed = static_cast<uint64_t>(number_option(parsed, "seed", 0, 0, 9e15, true));
-  const std::string device_name = parsed.own.count("device") ? parsed.own.at("device") : "auto";
-  if (device_name != "auto" && device_name != "cpu" && device_name != "cuda")
-    throw config_error("--device", device_name, "expected cpu, cuda or auto");
-  if (device_name == "cuda" && accel::device_count() == 0)
+  const DeviceRequest requested = device_option(parsed);
+  if (requested == DeviceRequest::kCuda && accel::device_count() == 0)
     throw config_error("--device", "cuda", "no GPU here (or a LibTorch without CUDA)");
-  const torch::Device device =
-      device_name == "cpu" || accel::device_count() == 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+  const torch::Device device = computes_on_gpu(requested) ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const std::string checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
   const CheckpointReader reader(checkpoint);
   const std::unique_ptr<Tokenizer> tokenizer =
@@ -105,7 +112,8 @@ int generate_command(const std::vector<std::string>& args) {
                            std::to_string(model_config.vocab_size) + ")");
   sampling.stop_token = tokenizer->eod_id();
 
-  CausalLM model(model_config, LayerSlice::whole(model_config));
+  // dstrain's kernels and the grouped products where they apply; nothing recomputed (no graph).
+  CausalLM model(model_config, LayerSlice::whole(model_config), compute_options(LoopConfig{}));
   load_model_parameters(reader, sorted_parameters(*model));
   model->to(device);
   const CachedDecoder decoder(model);

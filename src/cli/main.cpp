@@ -29,7 +29,7 @@
 #include "dstrain/parallel/parallel_context.h"
 #include "dstrain/train/train_config.h"
 #include "dstrain/train/signals.h"
-#include "dstrain/train/system_report.h"
+#include "dstrain/report/system_report.h"
 #include "dstrain/core/blas.h"
 #include "dstrain/parallel/deadline.h"
 #include "dstrain/train/trainer.h"

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <numeric>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/torch_compat.h"
@@ -22,9 +23,9 @@ namespace {
 const char* kUsage =
     "usage: dstrain model info [--config FILE] [--ranks N] [--json] [--section.key value ...]\n\n"
     "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
-    "the configuration's layout on N ranks (default: the fewest it fits, parallel.pp x parallel.dp,\n"
-    "or x parallel.ep where dp is not given; parallel.pp, parallel.ep and optim.zero as configured:\n"
-    "with ep > 1 each rank holds 1/ep of the routed experts).\n";
+    "the configuration's layout on N ranks (default: the fewest it fits, tp x cp x dp x pp, with the\n"
+    "fewest dp that parallel.ep fits where dp is not given). Every --parallel.* option of train applies:\n"
+    "with ep > 1 each rank holds 1/ep of the routed experts, and ZeRO-1 (optim.zero) shards the state.\n";
 
 // GiB for the models this plans for, MiB for the small ones a test or a demo trains.
 std::string size_text(double bytes) {
@@ -34,11 +35,16 @@ std::string size_text(double bytes) {
   return text;
 }
 
-// Without --ranks, the fewest ranks the configured layout runs on: pp stages of dp ranks each, or
-// of the ep ranks that one expert-parallel group needs where dp is left to the number of ranks.
+// Without --ranks, the fewest ranks the configured layout runs on: tp × cp × dp × pp, where dp is
+// left to the number of ranks the fewest data-parallel ranks in which parallel.ep fits (ep must
+// divide tp × cp × dp).
 int fewest_ranks(const Options& options) {
-  const int64_t pp = options.get_int("parallel.pp", 1, INT32_MAX), dp = options.get_int("parallel.dp", 0, INT32_MAX),
-                ep = options.get_int("parallel.ep", 1, INT32_MAX), ranks = pp * (dp > 0 ? dp : ep);
+  auto size = [&](const char* key, int64_t min_value) { return options.get_int(key, min_value, INT32_MAX); };
+  const int64_t model_parallel = size("parallel.tp", 1) * size("parallel.cp", 1) * size("parallel.pp", 1);
+  const int64_t given_dp = size("parallel.dp", 0), ep = size("parallel.ep", 1);
+  const int64_t tp_cp = size("parallel.tp", 1) * size("parallel.cp", 1);
+  const int64_t dp = given_dp > 0 ? given_dp : ep / std::gcd(ep, tp_cp);
+  const int64_t ranks = model_parallel * dp;
   if (ranks > INT32_MAX)
     throw config_error("parallel.pp", options.raw("parallel.pp"), "more ranks than MPI can number");
   return static_cast<int>(ranks);
@@ -48,6 +54,13 @@ std::string billions(double n) {
   char text[32];
   std::snprintf(text, sizeof text, n >= 1e9 ? "%.2fB" : "%.2fM", n >= 1e9 ? n / 1e9 : n / 1e6);
   return text;
+}
+
+// {"none": ..., "selective": ..., "full": ...}
+nlohmann::json by_recompute_name(const std::map<Recompute, double>& bytes) {
+  nlohmann::json named;
+  for (const auto& [mode, value] : bytes) named[name_of(recompute_names(), mode)] = value;
+  return named;
 }
 
 nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
@@ -61,18 +74,21 @@ nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan&
           {"seq_len", config.loop.seq_len},
           {"layout",
            {{"ranks", ranks},
+            {"tp", p.tp},
+            {"cp", p.cp},
             {"dp", p.dp},
             {"pp", p.pp},
             {"ep", p.ep},
-            {"virtual_stages", p.virtual_stages},
+            {"order", p.order},
+            {"virtual_stages", config.pipeline.virtual_stages},
             {"zero", config.optim.zero}}},
-          {"precision", config.loop.precision},
+          {"precision", name_of(precision_names(), config.loop.precision)},
           {"memory_per_rank",
            {{"parameters", plan.parameters},
             {"gradients", plan.gradients},
             {"optimizer_state", plan.optimizer_state},
             {"activations", plan.activations},
-            {"activations_by_recompute", plan.activations_by_recompute},
+            {"activations_by_recompute", by_recompute_name(plan.activations_by_recompute)},
             {"total", plan.total()}}}};
 }
 
@@ -85,19 +101,21 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
               training_flops_per_token(config.model, config.loop.seq_len), static_cast<long long>(config.loop.seq_len));
   const std::string ep = config.parallel.ep > 1 ? ", ep " + std::to_string(config.parallel.ep) : "";
   std::printf("layout           %d rank(s): dp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
-              config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "", config.loop.precision.c_str(),
+              config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "",
+              name_of(precision_names(), config.loop.precision).c_str(),
               static_cast<long long>(config.loop.micro_batch));
   std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n",
               size_text(plan.parameters).c_str(), size_text(plan.gradients).c_str(),
               size_text(plan.optimizer_state).c_str());
-  std::printf("                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
-              "                 none %s, selective %s, full %s%s); total %s\n",
-              size_text(plan.activations).c_str(), config.loop.recompute.c_str(),
-              size_text(plan.activations_by_recompute.at("none")).c_str(),
-              size_text(plan.activations_by_recompute.at("selective")).c_str(),
-              size_text(plan.activations_by_recompute.at("full")).c_str(),
-              compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
-              size_text(plan.total()).c_str());
+  std::printf(
+      "                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
+      "                 none %s, selective %s, full %s%s); total %s\n",
+      size_text(plan.activations).c_str(), name_of(recompute_names(), config.loop.recompute).c_str(),
+      size_text(plan.activations_by_recompute.at(Recompute::kNone)).c_str(),
+      size_text(plan.activations_by_recompute.at(Recompute::kSelective)).c_str(),
+      size_text(plan.activations_by_recompute.at(Recompute::kFull)).c_str(),
+      compat::kHasFusedAttention ? "" : "; this LibTorch's attention keeps its probabilities",
+      size_text(plan.total()).c_str());
 }
 
 }  // namespace

@@ -139,7 +139,7 @@ double Timestamp::seconds_since(const Timestamp& earlier) const {
   return host_seconds_ - earlier.host_seconds_;
 }
 
-double known_peak_tflops(const std::string& name, const std::string& precision) {
+double known_peak_tflops(const std::string& name, torch::ScalarType precision) {
   struct Peak {
     const char* name_part;
     double half, fp32;  // dense bf16/fp16 tensor-core and fp32 (non-tensor) TFLOP/s
@@ -150,7 +150,7 @@ double known_peak_tflops(const std::string& name, const std::string& precision) 
       {"A100", 312.0, 19.5},
   };
   for (const Peak& p : peaks)
-    if (name.find(p.name_part) != std::string::npos) return precision == "fp32" ? p.fp32 : p.half;
+    if (name.find(p.name_part) != std::string::npos) return precision == torch::kFloat32 ? p.fp32 : p.half;
   return 0.0;
 }
 

@@ -148,10 +148,10 @@ bool Options::get_bool(const std::string& key) const {
   return value;
 }
 
-std::string Options::get_choice(const std::string& key, const std::vector<std::string>& choices) const {
+size_t Options::index_of_choice(const std::string& key, const std::vector<std::string>& choices) const {
   const std::string& text = raw(key);
-  for (const std::string& choice : choices)
-    if (text == choice) return text;
+  for (size_t i = 0; i < choices.size(); ++i)
+    if (text == choices[i]) return i;
   std::string allowed;
   for (const std::string& choice : choices) allowed += (allowed.empty() ? "" : ", ") + choice;
   throw config_error(key, text, "expected one of: " + allowed);

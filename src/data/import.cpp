@@ -67,17 +67,21 @@ std::string inspect_megatron(const std::string& path) {
 
 }  // namespace
 
+ImportFormat import_format_named(const std::string& name) {
+  if (name == "llmc") return ImportFormat::kLlmc;
+  if (name == "megatron") return ImportFormat::kMegatron;
+  throw config_error("--format", name, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
+}
+
 CorpusInfo import_corpus(const ImportOptions& options) {
   if (options.inputs.empty()) throw config_error("--input", "", "give at least one file to import");
   if (options.output.empty()) throw config_error("--output", "", "give the corpus file to write");
-  if (options.format != "llmc" && options.format != "megatron")
-    throw config_error("--format", options.format, "llmc (llm.c .bin shards) or megatron (Megatron-LM .idx/.bin)");
   std::vector<std::string> made;  // the output's directories this import made: removed again if it fails
   std::string why;
   if (!files::make_parent_directories(options.output, &why, &made))
     throw config_error("--output", options.output, "cannot create its directory (" + why + ")");
   try {
-    return options.format == "llmc" ? llmc::import_shards(options) : megatron::import_datasets(options);
+    return options.format == ImportFormat::kLlmc ? llmc::import_shards(options) : megatron::import_datasets(options);
   } catch (...) {
     files::remove_empty_directories(made);
     throw;

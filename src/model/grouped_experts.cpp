@@ -1,7 +1,6 @@
 #include "dstrain/model/grouped_experts.h"
 
 #include "dstrain/model/grouped_projection.h"
-#include "dstrain/model/recompute.h"
 #include "dstrain/model/swiglu_activation.h"
 
 namespace dstrain {
@@ -11,23 +10,34 @@ constexpr const char* kExperts = "mlp.experts.";
 
 }  // namespace
 
-GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, int64_t hidden, int64_t intermediate)
-    : first_(first_expert) {
+GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, int64_t hidden, int64_t intermediate,
+                                       const ComputeOptions& options)
+    : first_(first_expert),
+      selective_(options.selective()),
+      cuda_kernels_(options.cuda_kernels),
+      grouped_(options.grouped_matmul),
+      deferral_(options.deferral) {
   gate_proj_ = register_parameter("gate_proj", torch::zeros({experts, intermediate, hidden}));
   up_proj_ = register_parameter("up_proj", torch::zeros({experts, intermediate, hidden}));
   down_proj_ = register_parameter("down_proj", torch::zeros({experts, hidden, intermediate}));
 }
 
+torch::Tensor GroupedExpertsImpl::project(const torch::Tensor& rows, const torch::Tensor& weights,
+                                          const std::vector<int64_t>& counts) {
+  return grouped_projection(rows, weights, counts, grouped_.get(), deferral_);
+}
+
 torch::Tensor GroupedExpertsImpl::forward(const torch::Tensor& rows, const std::vector<int64_t>& rows_per_expert) {
-  const torch::Tensor gate = grouped_projection(rows, gate_proj_, rows_per_expert);
-  const torch::Tensor up = grouped_projection(rows, up_proj_, rows_per_expert);
+  const torch::Tensor gate = project(rows, gate_proj_, rows_per_expert);
+  const torch::Tensor up = project(rows, up_proj_, rows_per_expert);
   auto down = [this, rows_per_expert](const Tensors& activation) {
-    return Tensors{grouped_projection(activation[0], down_proj_, rows_per_expert)};
+    return Tensors{project(activation[0], down_proj_, rows_per_expert)};
   };
-  if (!selective_recompute()) return down({swiglu_activation(gate, up)})[0];
+  const bool kernel = cuda_kernels_;
+  if (!selective_.on) return down({swiglu_activation(gate, up, kernel)})[0];
   // Selective recomputation: the activation is computed again in the backward pass, not kept.
-  return recompute_outputs([](const Tensors& in) { return Tensors{swiglu_activation(in[0], in[1])}; }, {gate, up},
-                           down)[0];
+  return recompute_outputs([kernel](const Tensors& in) { return Tensors{swiglu_activation(in[0], in[1], kernel)}; },
+                           {gate, up}, down, selective_.clock)[0];
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> GroupedExpertsImpl::expert_weights() const {

@@ -16,15 +16,6 @@ namespace {
 //                   ScalarType? out_dtype=None) -> Tensor, from LibTorch 2.8.
 constexpr bool kHasGroupedMm = DSTRAIN_TORCH_AT_LEAST(2, 8);
 
-std::atomic<bool> refused{false};  // a call failed: the loops compute from then on
-std::atomic<bool> enabled{true};   // train.grouped_experts
-
-void give_up(const std::string& why) {
-  if (!refused.exchange(true))
-    log::warning("LibTorch's grouped matrix product (aten::_grouped_mm) failed, so the experts' products run one "
-                 "after another from now on: ", why);
-}
-
 // As LibTorch checks each operand (its kernel reads them by TMA): 16-byte aligned data, one of the
 // last two dimensions contiguous and the other's stride a multiple of 16 bytes (8 in bf16).
 bool laid_out_for_the_kernel(const torch::Tensor& t) {
@@ -46,19 +37,18 @@ torch::Tensor call_grouped_mm(const torch::Tensor& a, const torch::Tensor& b, co
 
 }  // namespace
 
-bool grouped_matmul_available() { return kHasGroupedMm && enabled.load() && !refused.load(); }
-
-void enable_grouped_matmul(bool on) { enabled = on; }
+bool grouped_matmul_built() { return kHasGroupedMm; }
 
 bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b) {
   // (A result row of a multiple of 8 is dense: LibTorch pads the others.)
-  return a.is_cuda() && b.is_cuda() && a.scalar_type() == torch::kBFloat16 && b.scalar_type() == torch::kBFloat16 &&
-         a.dim() == 2 && (b.dim() == 2 || b.dim() == 3) && a.numel() > 0 && b.size(-1) % 8 == 0 &&
-         laid_out_for_the_kernel(a) && laid_out_for_the_kernel(b) && grouped_matmul_available();
+  return kHasGroupedMm && a.is_cuda() && b.is_cuda() && a.scalar_type() == torch::kBFloat16 &&
+         b.scalar_type() == torch::kBFloat16 && a.dim() == 2 && (b.dim() == 2 || b.dim() == 3) && a.numel() > 0 &&
+         b.size(-1) % 8 == 0 && laid_out_for_the_kernel(a) && laid_out_for_the_kernel(b);
 }
 
-torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& b, const std::vector<int64_t>& group_sizes) {
-  if (!grouped_matmul_applies(a, b)) return {};
+torch::Tensor GroupedMatmul::operator()(const torch::Tensor& a, const torch::Tensor& b,
+                                        const std::vector<int64_t>& group_sizes) {
+  if (refused_.load() || !grouped_matmul_applies(a, b)) return {};
   std::vector<int32_t> ends;
   int32_t end = 0;
   for (int64_t size : group_sizes) ends.push_back(end += static_cast<int32_t>(size));
@@ -72,7 +62,11 @@ torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& b, con
         if (group_sizes[g] == 0) result[static_cast<int64_t>(g)].zero_();
     return result;
   } catch (const std::exception& e) {
-    give_up(e.what());
+    if (!refused_.exchange(true))
+      log::warning(
+          "LibTorch's grouped matrix product (aten::_grouped_mm) failed, so the experts' products run one "
+          "after another from now on: ",
+          e.what());
     return {};
   }
 }

@@ -15,12 +15,12 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_norm(x, weight_, eps_); }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c)
-    : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()) {
-  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_));
-  k_proj_ = register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_));
-  v_proj_ = register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_));
-  o_proj_ = register_module("o_proj", Projection(num_heads_ * head_dim_, c.hidden_size));
+AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options)
+    : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()), selective_(options.selective()) {
+  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_, options.deferral));
+  k_proj_ = register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, options.deferral));
+  v_proj_ = register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, options.deferral));
+  o_proj_ = register_module("o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, options.deferral));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
@@ -67,21 +67,24 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
     k = k.repeat_interleave(group, /*dim=*/1);
     v = v.repeat_interleave(group, /*dim=*/1);
   }
-  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [B, H, S, d]
+  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)), selective_);  // [B, H, S, d]
 }
 
-SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate) {
-  gate_proj_ = register_module("gate_proj", Projection(hidden, intermediate));
-  up_proj_ = register_module("up_proj", Projection(hidden, intermediate));
-  down_proj_ = register_module("down_proj", Projection(intermediate, hidden));
+SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options)
+    : selective_(options.selective()), cuda_kernels_(options.cuda_kernels) {
+  gate_proj_ = register_module("gate_proj", Projection(hidden, intermediate, options.deferral));
+  up_proj_ = register_module("up_proj", Projection(hidden, intermediate, options.deferral));
+  down_proj_ = register_module("down_proj", Projection(intermediate, hidden, options.deferral));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
   const torch::Tensor gate = gate_proj_(x), up = up_proj_(x);
-  if (!selective_recompute()) return down_proj_(swiglu_activation(gate, up));
+  if (!selective_.on) return down_proj_(swiglu_activation(gate, up, cuda_kernels_));
   // Selective recomputation: the activation is computed again in the backward pass, not kept.
-  return recompute_outputs([](const Tensors& in) { return Tensors{swiglu_activation(in[0], in[1])}; }, {gate, up},
-                           [this](const Tensors& activation) { return Tensors{down_proj_(activation[0])}; })[0];
+  const bool kernel = cuda_kernels_;
+  return recompute_outputs([kernel](const Tensors& in) { return Tensors{swiglu_activation(in[0], in[1], kernel)}; },
+                           {gate, up}, [this](const Tensors& activation) { return Tensors{down_proj_(activation[0])}; },
+                           selective_.clock)[0];
 }
 
 }  // namespace dstrain

@@ -8,7 +8,6 @@
 
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
 #include "cuda/launch.h"
-#include "dstrain/model/cuda_kernels.h"
 #endif
 
 namespace dstrain {
@@ -17,15 +16,22 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// How the rows' losses are computed: in chunks of `chunk_rows` rows (0: 16 MB of fp32), or by
+// dstrain's kernel where `cuda_kernel` allows it.
+struct LossRows {
+  int64_t chunk_rows = 0;
+  bool cuda_kernel = true;
+};
+
 // The loss of each row of `logits` [N, V] (fp32 [N]). With `gradient`, each row of logits is
 // overwritten with its softmax minus the one-hot target: the loss's gradient, up to a scalar.
-torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, int64_t chunk, bool gradient) {
+torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, const LossRows& how, bool gradient) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   torch::Tensor losses = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
   // On a GPU: one kernel, one block a row, no fp32 copies (src/model/cuda/softmax_cross_entropy.cu).
-  if (cuda_kernels_enabled() && cuda::element_of(logits) && logits.stride(1) == 1 &&
-      targets.scalar_type() == torch::kInt64 && targets.device() == logits.device()) {
+  if (how.cuda_kernel && cuda::element_of(logits) && logits.stride(1) == 1 && targets.scalar_type() == torch::kInt64 &&
+      targets.device() == logits.device()) {
     const c10::cuda::CUDAGuard guard(logits.device());
     const torch::Tensor dense_targets = targets.contiguous();
     C10_CUDA_CHECK(cuda::softmax_cross_entropy(logits.data_ptr(), *cuda::element_of(logits), rows, vocab,
@@ -34,7 +40,8 @@ torch::Tensor row_losses(torch::Tensor& logits, const torch::Tensor& targets, in
     return losses;
   }
 #endif
-  if (chunk <= 0) chunk = std::max<int64_t>(1, kLossChunkElements / std::max<int64_t>(vocab, 1));
+  const int64_t chunk =
+      how.chunk_rows > 0 ? how.chunk_rows : std::max<int64_t>(1, kLossChunkElements / std::max<int64_t>(vocab, 1));
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     torch::Tensor part = logits.narrow(0, start, n);
@@ -62,10 +69,10 @@ torch::Tensor scaled(const torch::Tensor& t, const torch::Tensor& scale) {
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
-                               const torch::Tensor& targets, int64_t chunk_rows) {
+                               const torch::Tensor& targets, const LossRows& how) {
     torch::Tensor rows = hidden.reshape({-1, hidden.size(-1)});
     torch::Tensor logits = torch::mm(rows, weight.t());
-    torch::Tensor losses = row_losses(logits, targets.reshape({-1}), chunk_rows, /*gradient=*/true);
+    torch::Tensor losses = row_losses(logits, targets.reshape({-1}), how, /*gradient=*/true);
     ctx->save_for_backward({rows, weight, /*the logits' gradient, unscaled*/ logits});
     ctx->saved_data["hidden_shape"] = hidden.sizes().vec();
     return losses.mean();
@@ -105,7 +112,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 }  // namespace
 
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                   const torch::Tensor& targets, int64_t chunk_rows) {
+                                   const torch::Tensor& targets, int64_t chunk_rows, bool cuda_kernel) {
+  const LossRows how{chunk_rows, cuda_kernel};
   if (targets.numel() * hidden.size(-1) != hidden.numel())
     throw std::invalid_argument("linear_cross_entropy: " + std::to_string(targets.numel()) + " targets for " +
                                 std::to_string(hidden.numel() / std::max<int64_t>(hidden.size(-1), 1)) + " rows");
@@ -117,10 +125,10 @@ torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Ten
     return torch::nll_loss(torch::log_softmax(logits.reshape({-1, logits.size(-1)}), -1, torch::kFloat32),
                            targets.reshape({-1}));
   }
-  if (training) return LinearCrossEntropy::apply(hidden, weight, targets, chunk_rows);
+  if (training) return LinearCrossEntropy::apply(hidden, weight, targets, how);
   // Evaluation: the losses alone, no gradient written.
   torch::Tensor logits = torch::mm(hidden.reshape({-1, hidden.size(-1)}), weight.t());
-  return row_losses(logits, targets.reshape({-1}), chunk_rows, /*gradient=*/false).mean();
+  return row_losses(logits, targets.reshape({-1}), how, /*gradient=*/false).mean();
 }
 
 }  // namespace dstrain

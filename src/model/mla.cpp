@@ -14,25 +14,28 @@ constexpr double kLatentNormEps = 1e-6;
 
 }  // namespace
 
-MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c)
+MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c, const ComputeOptions& options)
     : heads_(c.num_heads),
       nope_(c.qk_nope_head_dim),
       rope_dim_(c.qk_rope_head_dim),
       v_dim_(c.v_head_dim),
       kv_lora_rank_(c.kv_lora_rank),
-      scale_(c.softmax_scale()) {
+      scale_(c.softmax_scale()),
+      selective_(options.selective()) {
   const int64_t qk = nope_ + rope_dim_;
+  WeightGradientDeferral* deferral = options.deferral;
   if (c.q_lora_rank > 0) {
-    q_a_proj_ = register_module("q_a_proj", Projection(c.hidden_size, c.q_lora_rank));
+    q_a_proj_ = register_module("q_a_proj", Projection(c.hidden_size, c.q_lora_rank, deferral));
     q_a_layernorm_ = register_module("q_a_layernorm", RMSNorm(c.q_lora_rank, kLatentNormEps));
-    q_b_proj_ = register_module("q_b_proj", Projection(c.q_lora_rank, heads_ * qk));
+    q_b_proj_ = register_module("q_b_proj", Projection(c.q_lora_rank, heads_ * qk, deferral));
   } else {
-    q_proj_ = register_module("q_proj", Projection(c.hidden_size, heads_ * qk));
+    q_proj_ = register_module("q_proj", Projection(c.hidden_size, heads_ * qk, deferral));
   }
-  kv_a_proj_with_mqa_ = register_module("kv_a_proj_with_mqa", Projection(c.hidden_size, kv_lora_rank_ + rope_dim_));
+  kv_a_proj_with_mqa_ =
+      register_module("kv_a_proj_with_mqa", Projection(c.hidden_size, kv_lora_rank_ + rope_dim_, deferral));
   kv_a_layernorm_ = register_module("kv_a_layernorm", RMSNorm(kv_lora_rank_, kLatentNormEps));
-  kv_b_proj_ = register_module("kv_b_proj", Projection(kv_lora_rank_, heads_ * (nope_ + v_dim_)));
-  o_proj_ = register_module("o_proj", Projection(heads_ * v_dim_, c.hidden_size));
+  kv_b_proj_ = register_module("kv_b_proj", Projection(kv_lora_rank_, heads_ * (nope_ + v_dim_), deferral));
+  o_proj_ = register_module("o_proj", Projection(heads_ * v_dim_, c.hidden_size, deferral));
 }
 
 Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {
@@ -65,15 +68,17 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, cons
   const int64_t batch = x.size(0), seq = x.size(1);
   const Tensors down = down_project(x);
   auto up = [this, rope](const Tensors& latents) { return attention_inputs(latents, rope); };
-  auto attend = [this](const Tensors& qkv) { return Tensors{causal_attention(qkv[0], qkv[1], qkv[2], scale_)}; };
+  auto attend = [this](const Tensors& qkv) {
+    return Tensors{causal_attention(qkv[0], qkv[1], qkv[2], scale_, selective_)};
+  };
   auto output = [&](const Tensors& out) {  // out: [B, H, S, v]
     return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}))};
   };
-  if (!selective_recompute()) return output(attend(up(down)))[0];
+  if (!selective_.on) return output(attend(up(down)))[0];
   // Selective recomputation: the up-projections' outputs (queries, keys, values) are computed
   // again from the latents in the backward pass, not kept (nor, by causal_attention, the
   // probabilities of unfused attention).
-  return output(recompute_outputs(up, down, attend))[0];
+  return output(recompute_outputs(up, down, attend, selective_.clock))[0];
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,

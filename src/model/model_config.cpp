@@ -69,6 +69,19 @@ double ModelConfig::softmax_scale() const {
   return scale;
 }
 
+const EnumNames<ScoringFunction>& scoring_function_names() {
+  static const EnumNames<ScoringFunction> names = {{"softmax", ScoringFunction::kSoftmax},
+                                                   {"sigmoid", ScoringFunction::kSigmoid}};
+  return names;
+}
+
+const EnumNames<TopkMethod>& topk_method_names() {
+  static const EnumNames<TopkMethod> names = {{"greedy", TopkMethod::kGreedy},
+                                              {"group_limited_greedy", TopkMethod::kGroupLimitedGreedy},
+                                              {"noaux_tc", TopkMethod::kNoauxTc}};
+  return names;
+}
+
 ModelConfig read_model_config(const Options& o) {
   ModelConfig c;
   c.vocab_size = o.get_int("model.vocab_size", 1);
@@ -103,8 +116,8 @@ ModelConfig read_model_config(const Options& o) {
   c.n_shared_experts = o.get_int("model.n_shared_experts", 0);
   c.moe_intermediate_size = o.get_int("model.moe_intermediate_size", 0);
   c.num_experts_per_tok = o.get_int("model.num_experts_per_tok", 0);
-  c.scoring_func = o.get_choice("model.scoring_func", {"softmax", "sigmoid"});
-  c.topk_method = o.get_choice("model.topk_method", {"greedy", "group_limited_greedy", "noaux_tc"});
+  c.scoring_func = o.get_enum("model.scoring_func", scoring_function_names());
+  c.topk_method = o.get_enum("model.topk_method", topk_method_names());
   c.n_group = o.get_int("model.n_group", 1);
   c.topk_group = o.get_int("model.topk_group", 1);
   c.norm_topk_prob = o.get_bool("model.norm_topk_prob");
@@ -131,7 +144,7 @@ ModelConfig read_model_config(const Options& o) {
       throw config_error("model.n_group", std::to_string(c.n_group),
                          "must divide model.n_routed_experts = " + std::to_string(c.n_routed_experts));
     // V3's noaux_tc ranks a group by the sum of its two best scores.
-    if (c.topk_method == "noaux_tc" && c.n_group > 1 && c.n_routed_experts / c.n_group < 2)
+    if (c.topk_method == TopkMethod::kNoauxTc && c.n_group > 1 && c.n_routed_experts / c.n_group < 2)
       throw config_error("model.n_group", std::to_string(c.n_group),
                          "model.topk_method = noaux_tc ranks each group by its two best experts, and " +
                              std::to_string(c.n_routed_experts) + " routed experts in " + std::to_string(c.n_group) +

@@ -4,10 +4,7 @@
 
 #include <limits>
 
-#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
-#include "dstrain/model/expert_dispatch.h"
-#include "dstrain/model/recompute.h"
 
 namespace dstrain {
 namespace {
@@ -50,14 +47,14 @@ bool is_routed_expert_parameter(const std::string& name) { return name.find("mlp
 Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, const ModelConfig& c) {
   const int64_t tokens = logits.size(0), experts = logits.size(1);
   Routing r;
-  r.scores = c.scoring_func == "sigmoid" ? logits.sigmoid() : logits.softmax(-1);
+  r.scores = c.scoring_func == ScoringFunction::kSigmoid ? logits.sigmoid() : logits.softmax(-1);
   {
     torch::NoGradGuard no_grad;  // the choice itself is not differentiated; the weights are, below
     torch::Tensor choice = bias.defined() ? r.scores + bias : r.scores.clone();
-    if (c.n_group > 1 && c.topk_method != "greedy") {
+    if (c.n_group > 1 && c.topk_method != TopkMethod::kGreedy) {
       torch::Tensor grouped = choice.view({tokens, c.n_group, experts / c.n_group});
-      torch::Tensor group_score = c.topk_method == "noaux_tc" ? std::get<0>(grouped.topk(2, -1)).sum(-1)
-                                                               : std::get<0>(grouped.max(-1));
+      torch::Tensor group_score = c.topk_method == TopkMethod::kNoauxTc ? std::get<0>(grouped.topk(2, -1)).sum(-1)
+                                                                        : std::get<0>(grouped.max(-1));
       torch::Tensor best_groups = std::get<1>(group_score.topk(c.topk_group, -1));
       torch::Tensor allowed = torch::zeros({tokens, c.n_group}, choice.options().dtype(torch::kBool))
                                   .scatter_(1, best_groups, true)
@@ -88,10 +85,15 @@ torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const M
   return (f * p).sum(-1).mean() * c.aux_loss_alpha;
 }
 
-MoEImpl::MoEImpl(const ModelConfig& c, const ExpertShard& shard) : config_(c), shard_(shard) {
+MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
+    : config_(c),
+      local_exchange_(options.expert_exchange ? nullptr : std::make_unique<LocalExpertExchange>()),
+      exchange_(options.expert_exchange ? options.expert_exchange : local_exchange_.get()),
+      shard_(exchange_->shard()) {
   auto gate = register_module("gate", std::make_shared<torch::nn::Module>());
   gate_weight_ = gate->register_parameter("weight", torch::empty({c.n_routed_experts, c.hidden_size}));
-  if (c.topk_method == "noaux_tc")  // state, not trained by gradients: a parameter without grad, so it is checkpointed
+  if (c.topk_method ==
+      TopkMethod::kNoauxTc)  // state, not trained by gradients: a parameter without grad, so it is checkpointed
     bias_ = gate->register_parameter("e_score_correction_bias", torch::zeros({c.n_routed_experts}),
                                      /*requires_grad=*/false);
   load_ = register_buffer("expert_load", torch::zeros({c.n_routed_experts}));
@@ -99,14 +101,15 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ExpertShard& shard) : config_(c), s
   ranks_reached_ = register_buffer("ranks_reached", torch::zeros({}));
   routed_tokens_ = register_buffer("routed_tokens", torch::zeros({}));
   // Numbered from the part's first expert: in checkpoints a part's names are the whole layer's.
-  experts_ = register_module("experts", GroupedExperts(shard.size(c.n_routed_experts), shard.first(c.n_routed_experts),
-                                                      c.hidden_size, c.moe_intermediate_size));
+  experts_ =
+      register_module("experts", GroupedExperts(shard_.size(c.n_routed_experts), shard_.first(c.n_routed_experts),
+                                                c.hidden_size, c.moe_intermediate_size, options));
   if (c.n_shared_experts > 0)
-    shared_experts_ = register_module("shared_experts",
-                                      SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts));
+    shared_experts_ =
+        register_module("shared_experts", SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, options));
 }
 
-torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
+torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2), k = config_.num_experts_per_tok;
   torch::Tensor flat = x.reshape({batch * seq, hidden});
   torch::Tensor logits = torch::nn::functional::linear(flat.to(torch::kFloat32), gate_weight_.to(torch::kFloat32));
@@ -119,7 +122,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   // Counted on the device: CUDA's bincount reads the minimum and maximum on the host first.
   torch::Tensor counts = torch::zeros({config_.n_routed_experts}, expert_of.options())
                              .scatter_add_(0, expert_of, torch::ones_like(expert_of));
-  const bool first_pass = is_training() && !recomputing();  // a rerun in the backward pass counts nothing again
+  const bool first_pass = is_training() && pass == Pass::kFirst;  // a rerun in the backward pass counts nothing again
   if (first_pass) {
     torch::NoGradGuard no_grad;
     load_ += counts.to(load_.scalar_type());
@@ -143,23 +146,9 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts) {
-  if (shard_.count > 1) {
-    Communicator* group = expert_groups_.current();
-    if (!group || group->size() != shard_.count)
-      throw Error(ExitCode::kInternal, "an MoE layer holding part of its experts has no expert-parallel group");
-    const DispatchPlan plan = plan_dispatch(counts, *group);
-    double* timer = is_training() ? &exchange_seconds_ : nullptr;  // what the training log reports
-    const torch::Tensor received = exchange_rows(inputs, plan.send_rows, plan.recv_rows, expert_groups_, timer);
-    const torch::Tensor computed = run_local_experts(received, plan, experts_);
-    return exchange_rows(computed, plan.recv_rows, plan.send_rows, expert_groups_, timer);
-  }
-  torch::Tensor host_counts;
-  {
-    accel::HostSyncExpected batch_sizes;  // the experts' batch sizes: one wait per layer
-    host_counts = counts.to(torch::kCPU);
-  }
-  const int64_t* count = host_counts.data_ptr<int64_t>();
-  return experts_(inputs, std::vector<int64_t>(count, count + config_.n_routed_experts));
+  const ExchangePlan plan = exchange_->plan(counts, /*measured=*/is_training());
+  const torch::Tensor received = exchange_->dispatch(inputs, plan);
+  return exchange_->combine(experts_(received, plan.rows_per_expert), plan);
 }
 
 // For each token, the distinct ranks its chosen experts live on (sorted, so equal neighbours are
@@ -171,8 +160,6 @@ void MoEImpl::count_ranks_reached(const torch::Tensor& chosen) {
   ranks_reached_ += distinct.sum().to(ranks_reached_.scalar_type());
   routed_tokens_ += static_cast<double>(chosen.size(0));
 }
-
-void MoEImpl::set_expert_groups(const LaneGroups& groups) { expert_groups_ = groups; }
 
 void MoEImpl::update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped) {
   torch::NoGradGuard no_grad;

@@ -2,12 +2,11 @@
 
 namespace dstrain {
 
-MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t layer, const ExpertShard& experts)
-    : DecoderLayerImpl(c, layer, experts) {
+MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t layer, const ComputeOptions& options)
+    : DecoderLayerImpl(c, layer, options) {
   enorm_ = register_module("enorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   hnorm_ = register_module("hnorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  eh_proj_ = register_module(
-      "eh_proj", Projection(2 * c.hidden_size, c.hidden_size));
+  eh_proj_ = register_module("eh_proj", Projection(2 * c.hidden_size, c.hidden_size, options.deferral));
   auto shared_head = register_module("shared_head", std::make_shared<torch::nn::Module>());
   head_norm_ = shared_head->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }

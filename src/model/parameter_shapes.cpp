@@ -42,7 +42,8 @@ void add_decoder_layer(Shapes& shapes, const std::string& prefix, const ModelCon
   const std::string mlp = prefix + "mlp.";
   if (c.is_moe_layer(layer)) {
     shapes.push_back({mlp + "gate.weight", {c.n_routed_experts, h}});
-    if (c.topk_method == "noaux_tc") shapes.push_back({mlp + "gate.e_score_correction_bias", {c.n_routed_experts}});
+    if (c.topk_method == TopkMethod::kNoauxTc)
+      shapes.push_back({mlp + "gate.e_score_correction_bias", {c.n_routed_experts}});
     for (int64_t e = 0; e < c.n_routed_experts; ++e)
       add_swiglu(shapes, mlp + "experts." + std::to_string(e) + ".", h, c.moe_intermediate_size);
     if (c.n_shared_experts > 0)

@@ -2,8 +2,6 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "dstrain/core/weight_gradient_store.h"
-
 namespace dstrain {
 namespace {
 
@@ -14,9 +12,10 @@ using torch::autograd::variable_list;
 // which would give autograd an edge to its accumulator: that edge belongs to the W action.
 struct DeferredWeight {
   torch::Tensor parameter;
+  WeightGradientDeferral* deferral;
 };
 
-// x Wᵀ whose weight gradient goes to the WeightGradientStore; the products are those of
+// x Wᵀ whose weight gradient goes to a WeightGradientDeferral; the products are those of
 // LibTorch's own linear backward (the input folded to rows): dx = dy W, dW = dyᵀ x.
 class DeferredWeightProjection : public torch::autograd::Function<DeferredWeightProjection> {
  public:
@@ -24,6 +23,7 @@ class DeferredWeightProjection : public torch::autograd::Function<DeferredWeight
                                const DeferredWeight& weight) {
     ctx->save_for_backward({x, weight_values});
     ctx->saved_data["weight"] = weight.parameter;
+    ctx->saved_data["deferral"] = reinterpret_cast<int64_t>(weight.deferral);
     return torch::nn::functional::linear(x, weight_values);
   }
 
@@ -33,9 +33,8 @@ class DeferredWeightProjection : public torch::autograd::Function<DeferredWeight
     const torch::Tensor grad = grad_outputs[0];
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const int64_t in = weight_values.size(1), out = weight_values.size(0);
-    WeightGradientStore::defer(weight, [x, grad, in, out] {
-      return grad.reshape({-1, out}).t().mm(x.reshape({-1, in}));
-    });
+    auto* deferral = reinterpret_cast<WeightGradientDeferral*>(ctx->saved_data["deferral"].toInt());
+    deferral->defer(weight, [x, grad, in, out] { return grad.reshape({-1, out}).t().mm(x.reshape({-1, in})); });
     torch::Tensor grad_x = ctx->needs_input_grad(0) ? grad.matmul(weight_values) : torch::Tensor();
     return {grad_x, torch::Tensor(), torch::Tensor()};
   }
@@ -43,16 +42,17 @@ class DeferredWeightProjection : public torch::autograd::Function<DeferredWeight
 
 }  // namespace
 
-ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features) {
+ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral)
+    : deferral_(deferral) {
   weight = register_parameter("weight", torch::zeros({out_features, in_features}));
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
   // (Only where x carries a graph: otherwise the function's backward, and with it the weight's
   // gradient, would never run.)
-  if (WeightGradientStore::deferring() && torch::GradMode::is_enabled() && weight.requires_grad() &&
+  if (deferral_ && deferral_->deferring() && torch::GradMode::is_enabled() && weight.requires_grad() &&
       x.requires_grad())
-    return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight});
+    return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight, deferral_});
   return torch::nn::functional::linear(x, weight);
 }
 

@@ -9,34 +9,36 @@
 #include "dstrain/core/error.h"
 
 namespace dstrain {
-namespace {
 
-thread_local bool rerunning = false;
-std::atomic<int64_t> rerun_nanoseconds{0};
-
-// Marks this thread as rerunning a part while it lives (parts may nest), and adds its lifetime to
-// rerun_nanoseconds unless an enclosing Rerun counts it already.
+// A rerun under way, while it lives: its lifetime counts on `clock` unless an enclosing rerun's
+// counts it already (parts may nest). Nothing without a clock.
 class Rerun {
  public:
   using Clock = std::chrono::steady_clock;
-  Rerun() : outer_(rerunning), start_(Clock::now()) { rerunning = true; }
+  explicit Rerun(RerunClock* clock) : clock_(clock), outermost_(clock && clock->depth_++ == 0), start_(Clock::now()) {}
   ~Rerun() {
-    rerunning = outer_;
-    if (!outer_)
-      rerun_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+    if (!clock_) return;
+    --clock_->depth_;
+    if (outermost_)
+      clock_->nanoseconds_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
   }
   Rerun(const Rerun&) = delete;
   Rerun& operator=(const Rerun&) = delete;
 
  private:
-  bool outer_;
+  RerunClock* clock_;
+  bool outermost_;
   Clock::time_point start_;
 };
 
-// The part to rerun, kept in the autograd node (an autograd context holds no std::function).
+namespace {
+
+// The part to rerun and its clock, kept in the autograd node (an autograd context holds no
+// std::function).
 struct Part : torch::CustomClassHolder {
-  explicit Part(std::function<torch::Tensor(const torch::Tensor&)> f) : run(std::move(f)) {}
-  std::function<torch::Tensor(const torch::Tensor&)> run;
+  Part(RerunnablePart f, RerunClock* c) : run(std::move(f)), clock(c) {}
+  RerunnablePart run;
+  RerunClock* clock;
 };
 
 class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
@@ -49,7 +51,7 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     // inputs need gradients (matmul folds batches only then), and the rerun must compute bitwise
     // what this pass computed. The graph is dropped with the pass: nothing of the part is kept.
     torch::AutoGradMode with_gradients(true);
-    return part->run(input.detach().requires_grad_(input.requires_grad())).detach();
+    return part->run(input.detach().requires_grad_(input.requires_grad()), Pass::kFirst).detach();
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -61,8 +63,8 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     torch::Tensor output;
     {
       torch::AutoGradMode with_gradients(true);
-      Rerun marked;
-      output = part->run(input);
+      Rerun marked(part->clock);
+      output = part->run(input, Pass::kRerun);
     }
     // Outside the scopes above: the parameters' gradients accumulate as in any backward pass.
     torch::autograd::backward({output}, {grads[0]});
@@ -106,6 +108,7 @@ void refill_storage(const torch::Tensor& t, size_t bytes, const torch::Tensor& v
 // to the autograd nodes that hold it.
 struct DroppedOutputs : torch::CustomClassHolder {
   TensorsFunction part;
+  RerunClock* clock = nullptr;
   Tensors inputs;
   std::vector<bool> input_needs_grad;
   Tensors outputs;
@@ -116,14 +119,14 @@ struct DroppedOutputs : torch::CustomClassHolder {
     if (!rerun.empty()) return;
     for (size_t i = 0; i < inputs.size(); ++i) leaves.push_back(inputs[i].detach().requires_grad_(input_needs_grad[i]));
     torch::AutoGradMode with_gradients(true);
-    Rerun marked;
+    Rerun marked(clock);
     rerun = part(leaves);
   }
   // Refills the outputs the consumer saved. From then on the consumer's saved tensors alone hold
   // them, so that they are given back with the consumer's backward pass (or, for a projection's
   // input, with its deferred weight gradient), not when the whole graph goes.
   void restore() {
-    Rerun marked;  // the refills are the rerun's cost too
+    Rerun marked(clock);  // the refills are the rerun's cost too
     rerun_part();
     for (size_t i = 0; i < outputs.size(); ++i)
       if (released[i] > 0) refill_storage(outputs[i], released[i], rerun[i].detach());
@@ -191,23 +194,22 @@ class RestoreOutputsFunction : public torch::autograd::Function<RestoreOutputsFu
   }
 };
 
-thread_local bool selective = false;
-
 }  // namespace
 
-Recompute recompute_named(const std::string& name) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "selective") return Recompute::kSelective;
-  if (name == "full") return Recompute::kFull;
-  throw config_error("train.recompute", name, "expected none, selective or full");
+const EnumNames<Recompute>& recompute_names() {
+  static const EnumNames<Recompute> names = {
+      {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+  return names;
 }
 
-Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer) {
+Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer,
+                          RerunClock* clock) {
   bool any_needs_grad = false;
   for (const torch::Tensor& input : inputs) any_needs_grad = any_needs_grad || input.requires_grad();
   if (!torch::GradMode::is_enabled() || !any_needs_grad) return consumer(part(inputs));
   auto dropped = c10::make_intrusive<DroppedOutputs>();
   dropped->part = part;
+  dropped->clock = clock;
   for (const torch::Tensor& input : inputs) {
     dropped->inputs.push_back(input.detach());
     dropped->input_needs_grad.push_back(input.requires_grad());
@@ -225,20 +227,9 @@ Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, co
   return RestoreOutputsFunction::apply(at::TensorList(consumed), dropped);
 }
 
-bool selective_recompute() { return selective; }
-
-SelectiveRecompute::SelectiveRecompute(bool on) : outer_(selective) { selective = on; }
-
-SelectiveRecompute::~SelectiveRecompute() { selective = outer_; }
-
-torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
-                                    const torch::Tensor& input) {
-  if (!torch::GradMode::is_enabled() || !input.requires_grad()) return part(input);
-  return RecomputeFunction::apply(input, c10::make_intrusive<Part>(part));
+torch::Tensor recompute_in_backward(const RerunnablePart& part, const torch::Tensor& input, RerunClock* clock) {
+  if (!torch::GradMode::is_enabled() || !input.requires_grad()) return part(input, Pass::kFirst);
+  return RecomputeFunction::apply(input, c10::make_intrusive<Part>(part, clock));
 }
-
-bool recomputing() { return rerunning; }
-
-double rerun_seconds() { return static_cast<double>(rerun_nanoseconds.load()) * 1e-9; }
 
 }  // namespace dstrain

@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda/launch.h"
-#include "dstrain/model/cuda_kernels.h"
 #endif
 
 namespace dstrain {
@@ -97,7 +96,7 @@ RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta,
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   const int64_t seq = x.size(2), d = x.size(3);
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
-  if (cuda_kernels_enabled() && fused_kernel_applies(x, tables.cos, tables.sin))
+  if (tables.cuda_kernel && fused_kernel_applies(x, tables.cos, tables.sin))
     return FusedRope::apply(x, tables.cos.narrow(0, 0, seq), tables.sin.narrow(0, 0, seq), tables.interleave);
 #endif
   torch::Tensor cos = tables.cos.narrow(0, 0, seq).to(x.dtype());
@@ -109,7 +108,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
 }
 
 RopeTables rope_tables_from(const RopeTables& tables, int64_t first, int64_t count) {
-  return {tables.cos.narrow(0, first, count), tables.sin.narrow(0, first, count), tables.interleave};
+  return {tables.cos.narrow(0, first, count), tables.sin.narrow(0, first, count), tables.interleave,
+          tables.cuda_kernel};
 }
 
 }  // namespace dstrain

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda/launch.h"
-#include "dstrain/model/cuda_kernels.h"
 #endif
 
 namespace dstrain {
@@ -48,9 +47,11 @@ bool fused_kernel_applies(const torch::Tensor& gate, const torch::Tensor& up) {
 
 }  // namespace
 
-torch::Tensor swiglu_activation(const torch::Tensor& gate, const torch::Tensor& up) {
+torch::Tensor swiglu_activation(const torch::Tensor& gate, const torch::Tensor& up, bool cuda_kernel) {
 #ifdef DSTRAIN_WITH_CUDA_KERNELS
-  if (cuda_kernels_enabled() && fused_kernel_applies(gate, up)) return FusedSwiGLU::apply(gate, up);
+  if (cuda_kernel && fused_kernel_applies(gate, up)) return FusedSwiGLU::apply(gate, up);
+#else
+  (void)cuda_kernel;
 #endif
   return torch::silu(gate) * up;
 }

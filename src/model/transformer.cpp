@@ -16,38 +16,40 @@
 
 namespace dstrain {
 
-DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice)
+DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice, const ComputeOptions& options)
     : slice_(slice),
+      recompute_(options.recompute),
+      rerun_clock_(options.rerun_clock),
       max_seq_len_(c.max_seq_len),
       rope_(make_rope_tables(c.max_seq_len, c.rope_dim(), c.rope_theta, c.rope_interleave,
-                                        YarnScaling{c.rope_scaling_factor, c.rope_original_max_seq_len, c.rope_beta_fast,
-                                                    c.rope_beta_slow, c.rope_mscale, c.rope_mscale_all_dim})) {
+                             YarnScaling{c.rope_scaling_factor, c.rope_original_max_seq_len, c.rope_beta_fast,
+                                         c.rope_beta_slow, c.rope_mscale, c.rope_mscale_all_dim})) {
   // Buffers move with the module to its device (and stay fp32: only parameters change dtype).
   rope_.cos = register_buffer("rope_cos", rope_.cos);
   rope_.sin = register_buffer("rope_sin", rope_.sin);
+  rope_.cuda_kernel = options.cuda_kernels;
   if (slice.has_embedding)
     embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   // Layers keep their global index as their name, so a slice's names are the whole model's.
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
-    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i, slice.experts)));
+    layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i, options)));
   // The multi-token prediction modules follow the last layer, on the stage of the head.
   if (slice.has_head)
     for (int64_t i = c.num_layers; i < c.num_layers + c.num_nextn_predict_layers; ++i)
-      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i, slice.experts)));
+      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i, options)));
   register_module("layers", layers);
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
+torch::Tensor DecoderStackImpl::run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input) {
+  if (!recompute_.reruns_layer(index)) return layer.forward(input, rope_);
+  return recompute_in_backward(
+      [this, &layer](const torch::Tensor& x, Pass pass) { return layer.forward(x, rope_, pass); }, input, rerun_clock_);
+}
+
 torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
-  const SelectiveRecompute selective(recompute_.mode == Recompute::kSelective);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    DecoderLayer layer = layers_[i];
-    if (recompute_.reruns_layer(static_cast<int64_t>(i)))
-      h = recompute_in_backward([this, layer](const torch::Tensor& x) mutable { return layer->forward(x, rope_); }, h);
-    else
-      h = layer(h, rope_);
-  }
+  for (size_t i = 0; i < layers_.size(); ++i) h = run_layer(*layers_[i], static_cast<int64_t>(i), h);
   return slice_.has_head ? norm_(h) : h;
 }
 
@@ -55,12 +57,7 @@ torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor
                                               const torch::Tensor& embedded) {
   // The module's decoder layer follows the chunk's last one, and is recomputed as those are.
   MultiTokenPrediction module = mtp_.at(static_cast<size_t>(depth - 1));
-  const SelectiveRecompute selective(recompute_.mode == Recompute::kSelective);
-  const torch::Tensor joined = module->join(previous, embedded);
-  if (!recompute_.reruns_layer(static_cast<int64_t>(layers_.size()) + depth - 1))
-    return module->forward(joined, rope_);
-  return recompute_in_backward([this, module](const torch::Tensor& x) mutable { return module->forward(x, rope_); },
-                               joined);
+  return run_layer(*module, static_cast<int64_t>(layers_.size()) + depth - 1, module->join(previous, embedded));
 }
 
 torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {
@@ -87,10 +84,12 @@ torch::Tensor DecoderStackImpl::forward_cached(const torch::Tensor& input, KvCac
   return slice_.has_head ? norm_(h) : h;
 }
 
-CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice)
-    : config_(c), slice_(slice),
+CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const ComputeOptions& options)
+    : config_(c),
+      slice_(slice),
+      cuda_kernels_(options.cuda_kernels),
       carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)) {
-  model_ = register_module("model", DecoderStack(c, slice));
+  model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
@@ -140,7 +139,7 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   auto [hidden, embeddings] = hidden_and_embeddings(input);
   const int64_t seq = hidden.size(1);
   LanguageModelLosses losses;
-  losses.next_token = linear_cross_entropy(hidden, lm_head_->weight, tokens.narrow(1, 1, seq));
+  losses.next_token = linear_cross_entropy(hidden, lm_head_->weight, tokens.narrow(1, 1, seq), 0, cuda_kernels_);
   const int64_t depths = config_.num_nextn_predict_layers;
   if (!with_mtp || depths == 0) return losses;
   if (seq <= depths)
@@ -152,8 +151,8 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   for (int64_t k = 1; k <= depths; ++k) {
     const int64_t n = seq - k;
     hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
-    torch::Tensor loss =
-        linear_cross_entropy(model_->mtp_head_input(k, hidden), lm_head_->weight, tokens.narrow(1, k + 1, n));
+    torch::Tensor loss = linear_cross_entropy(model_->mtp_head_input(k, hidden), lm_head_->weight,
+                                              tokens.narrow(1, k + 1, n), 0, cuda_kernels_);
     sum = sum.defined() ? sum + loss : loss;
   }
   losses.mtp = sum / static_cast<double>(depths);

@@ -1,6 +1,6 @@
 #include "dstrain/optim/block_quantization.h"
 
-#include "dstrain/ckpt/fp8_e4m3.h"
+#include "dstrain/core/fp8_e4m3.h"
 #include "dstrain/core/error.h"
 
 #include <algorithm>

@@ -29,7 +29,7 @@ class GradientArrivalHook final : public torch::autograd::FunctionPostHook {
 GradientBuffer::GradientBuffer(const NamedTensors& params, const std::vector<torch::Tensor>& use_order,
                                GradientReduction reduction)
     : reduction_(reduction), owner_(std::this_thread::get_id()) {
-  const int64_t dp = reduction_.dp_group ? reduction_.dp_group->size() : 1;
+  const int64_t dp = reduction_.group ? reduction_.group->size() : 1;
   sharded_ = reduction_.shard && dp > 1;
   // Buffer order: the reverse of use, which is the order in which backward finishes them.
   std::vector<torch::Tensor> order(use_order.rbegin(), use_order.rend());
@@ -129,11 +129,11 @@ void GradientBuffer::on_gradient(size_t index) {
     }
     grad = torch::Tensor();  // the next backward pass hands over a fresh one
   }
-  const bool averaging = reduction_.dp_group && reduction_.dp_group->size() > 1;
+  const bool averaging = reduction_.group && reduction_.group->size() > 1;
   if (++slot.arrivals != reduction_.microbatches || !averaging || !reduction_.overlap || reduction_.quantized) return;
   Bucket& bucket = buckets_[slot.bucket];
   // MPI is called from the thread that owns it only; elsewhere reduce() starts the bucket.
-  const bool may_call = reduction_.dp_group->callable_from_any_thread() || std::this_thread::get_id() == owner_;
+  const bool may_call = reduction_.group->callable_from_any_thread() || std::this_thread::get_id() == owner_;
   ++bucket.ready;
   if (!may_call) return;
   // Buckets start strictly in buffer order, so that every rank issues its collectives in the same
@@ -162,21 +162,21 @@ void GradientBuffer::launch(Bucket& bucket) {
   zero_unwritten(bucket);
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   bucket.wire = reduction_.wire_dtype == torch::kFloat32 ? region : region.to(reduction_.wire_dtype);
-  const int64_t dp = reduction_.dp_group->size();
+  const int64_t dp = reduction_.group->size();
   const int64_t sent = (dp - 1) * (bucket.wire.nbytes() / dp);  // a reduce-scatter's, or an all-gather's
   record_.bytes_sent += sharded_ ? sent : 2 * sent;
   if (!sharded_) {
-    bucket.work = reduction_.dp_group->all_reduce_async(bucket.wire, ReduceOp::kAvg);
+    bucket.work = reduction_.group->all_reduce_async(bucket.wire, ReduceOp::kAvg);
     return;
   }
   bucket.shard = torch::empty({shard_length(bucket)}, bucket.wire.options());
-  bucket.work = reduction_.dp_group->reduce_scatter_async(bucket.shard, bucket.wire, ReduceOp::kAvg);
+  bucket.work = reduction_.group->reduce_scatter_async(bucket.shard, bucket.wire, ReduceOp::kAvg);
 }
 
 void GradientBuffer::reduce() {
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!reduction_.dp_group || reduction_.dp_group->size() == 1) {
+  if (!reduction_.group || reduction_.group->size() == 1) {
     for (const Bucket& b : buckets_) zero_unwritten(b);
     apply_divisor();
     return;
@@ -214,11 +214,11 @@ void GradientBuffer::reduce_quantized(Bucket& bucket) {
   torch::Tensor region = flat_.narrow(0, bucket.start, bucket.length);
   const torch::Tensor residual = residual_.defined() ? residual_.narrow(0, bucket.start, bucket.length) : torch::Tensor();
   const torch::Tensor chunk =
-      quantized_reduce_scatter(*reduction_.dp_group, region, *reduction_.quantized, residual, &record_.bytes_sent);
+      quantized_reduce_scatter(*reduction_.group, region, *reduction_.quantized, residual, &record_.bytes_sent);
   if (sharded_)
     flat_.narrow(0, shard_start(bucket), shard_length(bucket)).copy_(chunk);
   else
-    all_gather_bf16(*reduction_.dp_group, region, chunk, &record_.bytes_sent);
+    all_gather_bf16(*reduction_.group, region, chunk, &record_.bytes_sent);
   bucket.completed = std::chrono::steady_clock::now();
 }
 
@@ -243,7 +243,7 @@ void GradientBuffer::record_times(std::chrono::steady_clock::time_point backward
 }
 
 void GradientBuffer::apply_divisor() {
-  const int64_t members = reduction_.dp_group ? reduction_.dp_group->size() : 1;
+  const int64_t members = reduction_.group ? reduction_.group->size() : 1;
   if (reduction_.divide_sum_by == 0 || reduction_.divide_sum_by == members) return;
   // The group averaged (divided by its size) already.
   const double factor = static_cast<double>(members) / static_cast<double>(reduction_.divide_sum_by);
@@ -280,7 +280,7 @@ void GradientBuffer::gather_parameters() {
       if (shard_places_[i].bucket == b)
         g.mine.narrow(0, shard_places_[i].flat_offset - shard_start(bucket), shards_[i].values.numel())
             .copy_(shards_[i].values);
-    g.work = reduction_.dp_group->all_gather_async(g.all, g.mine);
+    g.work = reduction_.group->all_gather_async(g.all, g.mine);
     return g;
   };
   // ... and everybody's, back into the parameters.

@@ -2,11 +2,16 @@
 
 namespace dstrain {
 
-MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& dp_group,
-                           const ModelConfig& model, int64_t micro_batches, const torch::Device& device, int ep)
-    : layers_(std::move(layers)), dp_group_(dp_group), experts_(model.n_routed_experts),
-      bias_update_speed_(model.bias_update_speed), reports_balance_loss_(model.aux_loss_alpha > 0),
-      loss_divisor_(static_cast<double>(micro_batches * dp_group.size())), device_(device), ep_(ep) {}
+MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group,
+                           const ModelConfig& model, int64_t micro_batches, const torch::Device& device)
+    : layers_(std::move(layers)),
+      token_group_(token_group),
+      experts_(model.n_routed_experts),
+      bias_update_speed_(model.bias_update_speed),
+      reports_balance_loss_(model.aux_loss_alpha > 0),
+      loss_divisor_(static_cast<double>(micro_batches * token_group.size())),
+      device_(device),
+      expert_parts_(layers_.empty() ? 1 : layers_.front().second->expert_shard().count) {}
 
 namespace {
 
@@ -32,14 +37,14 @@ void MoeBalancing::after_step(const torch::Tensor& skipped) {
     rows.push_back(torch::cat({moe->expert_load(), moe->balance_loss().reshape({1}), moe->ranks_reached().reshape({1}),
                                moe->routed_tokens().reshape({1})}));
   torch::Tensor all = torch::stack(rows);
-  dp_group_.all_reduce(all, ReduceOp::kSum);
+  token_group_.all_reduce(all, ReduceOp::kSum);
   const torch::Tensor loads = all.narrow(1, 0, experts_);
   for (size_t i = 0; i < layers_.size(); ++i)
     layers_[i].second->update_bias(loads[static_cast<int64_t>(i)], bias_update_speed_, skipped);
   balance_ = std::get<0>(loads.max(1)) / loads.mean(1);
   if (reports_balance_loss_) balance_loss_ = all.select(1, experts_).sum() / loss_divisor_;
-  if (ep_ > 1) {
-    const torch::Tensor rank_loads = loads.reshape({loads.size(0), ep_, experts_ / ep_}).sum(2);
+  if (expert_parts_ > 1) {
+    const torch::Tensor rank_loads = loads.reshape({loads.size(0), expert_parts_, experts_ / expert_parts_}).sum(2);
     ep_balance_ = std::get<0>(rank_loads.max(1)) / rank_loads.mean(1);
     ep_ranks_per_token_ = all.select(1, experts_ + 1) / all.select(1, experts_ + 2);
   }

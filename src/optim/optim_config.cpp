@@ -31,19 +31,24 @@ void add_optim_options(OptionTable& t) {
         "fp16 only: clean steps after which the loss scale doubles");
 }
 
+const EnumNames<ScheduleUnit>& schedule_unit_names() {
+  static const EnumNames<ScheduleUnit> names = {{"steps", ScheduleUnit::kSteps}, {"tokens", ScheduleUnit::kTokens}};
+  return names;
+}
+
 OptimConfig read_optim_config(const Options& o) {
   OptimConfig c;
   c.lr = o.get_float("optim.lr", 0.0, 10.0);
   c.min_lr = o.get_float("optim.min_lr", 0.0, 10.0);
   c.warmup_steps = o.get_int("optim.warmup_steps", 0);
   c.decay_steps = o.get_int("optim.decay_steps", 0);
-  c.schedule_unit = o.get_choice("optim.schedule_unit", {"steps", "tokens"});
+  c.schedule_unit = o.get_enum("optim.schedule_unit", schedule_unit_names());
   c.beta1 = o.get_float("optim.beta1", 0.0, 0.999999);
   c.beta2 = o.get_float("optim.beta2", 0.0, 0.999999);
   c.eps = o.get_float("optim.eps", 0.0, 1.0);
   c.weight_decay = o.get_float("optim.weight_decay", 0.0, 10.0);
   c.grad_clip = o.get_float("optim.grad_clip", 0.0, 1e9);
-  c.skip_nonfinite = o.get_choice("optim.nonfinite", {"stop", "skip"}) == "skip";
+  c.skip_nonfinite = o.get_enum("optim.nonfinite", EnumNames<bool>{{"stop", false}, {"skip", true}});
   c.zero = static_cast<int>(o.get_int("optim.zero", 0, 1));
   c.loss_scale = o.get_float("optim.loss_scale", 1.0, 1e30);
   c.loss_scale_growth_interval = o.get_int("optim.loss_scale_growth_interval", 1);

@@ -5,7 +5,13 @@
 
 namespace dstrain {
 
-DevicePlacement place_rank(const std::string& requested) {
+const EnumNames<DeviceRequest>& device_request_names() {
+  static const EnumNames<DeviceRequest> names = {
+      {"auto", DeviceRequest::kAuto}, {"cpu", DeviceRequest::kCpu}, {"cuda", DeviceRequest::kCuda}};
+  return names;
+}
+
+DevicePlacement place_rank(DeviceRequest requested) {
   DevicePlacement placement;
   // Ranks that share memory share a node: their order there picks the GPU, as srun's
   // SLURM_LOCALID and mpirun's OMPI_COMM_WORLD_LOCAL_RANK would, under either launcher.
@@ -18,7 +24,7 @@ DevicePlacement place_rank(const std::string& requested) {
   if (!computes_on_gpu(requested)) return placement;
   const int gpus = accel::device_count();
   if (gpus == 0)
-    throw config_error("train.device", requested,
+    throw config_error("train.device", name_of(device_request_names(), requested),
                        accel::cuda_compiled() ? "no GPU is visible to this process (CUDA_VISIBLE_DEVICES?)"
                                               : "this dstrain was built with a LibTorch without CUDA; use cpu");
   const int index = placement.local_rank % gpus;
@@ -28,8 +34,8 @@ DevicePlacement place_rank(const std::string& requested) {
   return placement;
 }
 
-bool computes_on_gpu(const std::string& requested) {
-  return requested == "cuda" || (requested == "auto" && accel::device_count() > 0);
+bool computes_on_gpu(DeviceRequest requested) {
+  return requested == DeviceRequest::kCuda || (requested == DeviceRequest::kAuto && accel::device_count() > 0);
 }
 
 }  // namespace dstrain

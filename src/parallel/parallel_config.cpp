@@ -1,31 +1,23 @@
 #include "dstrain/parallel/parallel_config.h"
 
 #include "dstrain/core/error.h"
-#include "dstrain/parallel/rank_grid.h"
+#include "dstrain/parallel/parallel_grid.h"
 
 namespace dstrain {
 
 void add_parallel_options(OptionTable& t) {
-  t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / pp)");
+  t.add("parallel.tp", OptionKind::kInt, "1", "tensor-parallel ranks (1: tensor parallelism is not available yet)");
+  t.add("parallel.cp", OptionKind::kInt, "1", "context-parallel ranks (1: context parallelism is not available yet)");
+  t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / (tp × cp × pp))");
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
   t.add("parallel.ep", OptionKind::kInt, "1",
-        "expert-parallel ranks: each MoE layer's routed experts are split over this many data-parallel ranks "
-        "(must divide parallel.dp and model.n_routed_experts)");
-  t.add("parallel.order", OptionKind::kString, "dp-pp",
-        "grid dimensions, innermost (consecutive ranks) first: dp-pp keeps data-parallel groups on consecutive "
-        "ranks, pp-dp pipeline groups; expert parallelism lies inside dp, its innermost part");
-  t.add("parallel.schedule", OptionKind::kString, "1f1b",
-        "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
-        "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V; comm.backend mpi)");
-  t.add("parallel.dualpipe_overlap", OptionKind::kBool, "false",
-        "dualpipev with expert parallelism: each pair's forward runs on a second thread beside the paired "
-        "backward, so that one micro-batch's expert all-to-all waits while the other computes (CPU with the MPI "
-        "backend; it pays where ranks have cores to spare; on GPUs the pairs run one after the other)");
-  t.add("parallel.virtual_stages", OptionKind::kInt, "0",
-        "model chunks per pipeline stage (interleaved: 2 or more; zbv and dualpipev: 2; 0: what the schedule "
-        "needs, 2 for interleaved, zbv and dualpipev, 1 for the others)");
-  t.add("parallel.stage_layers", OptionKind::kString, "",
-        "layers of each virtual stage, e.g. 9,8,8,7 (empty: balanced by FLOPs, the LM head counted)");
+        "expert-parallel ranks: each MoE layer's routed experts are split over this many of a stage's tp × cp × dp "
+        "ranks, which hold tp × cp × dp / ep copies of them (must divide that and model.n_routed_experts)");
+  t.add("parallel.order", OptionKind::kString, "tp-cp-ep-dp-pp",
+        "the grids' dimensions, innermost (consecutive ranks) first, each name once: the dense grid takes tp, cp, dp, "
+        "pp in this sequence, the expert grid ep, dp (its expert-data dimension) and pp. pp first or last gives "
+        "every rank one stage in both. A name left out stands just inside the first of those after it in "
+        "tp-cp-ep-dp (dp-pp, pp-dp)");
 }
 
 void add_comm_options(OptionTable& t) {
@@ -52,29 +44,33 @@ void add_comm_options(OptionTable& t) {
 
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
+  for (const auto& [key, what] : {std::pair{"parallel.tp", "tensor"}, std::pair{"parallel.cp", "context"}})
+    if (o.get_int(key, 1, INT32_MAX) > 1)
+      throw config_error(key, o.raw(key), std::string(what) + " parallelism is not available yet; use 1");
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
-  c.schedule = o.get_choice("parallel.schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"});
-  c.virtual_stages = static_cast<int>(o.get_int("parallel.virtual_stages", 0, 1024));  // 0: train's config sets it
-  c.dualpipe_overlap = o.get_bool("parallel.dualpipe_overlap");
-  const std::string layers = o.get_string("parallel.stage_layers");
-  if (!layers.empty() && !parse_integer_list(layers, &c.stage_layers))
-    throw config_error("parallel.stage_layers", layers, "expected layer counts separated by commas, e.g. 9,8,8,7");
   int64_t dp = o.get_int("parallel.dp", 0, INT32_MAX);
   if (dp == 0) {
-    if (world_size % c.pp != 0)
+    const int64_t model_parallel = int64_t{c.tp} * c.cp * c.pp;
+    if (world_size % model_parallel != 0)
       throw config_error("parallel.pp", o.raw("parallel.pp"),
-                         "must divide the number of ranks (" + std::to_string(world_size) + ")");
-    dp = world_size / c.pp;
+                         "tp × cp × pp = " + std::to_string(model_parallel) + " must divide the number of ranks (" +
+                             std::to_string(world_size) + ")");
+    dp = world_size / model_parallel;
     o.set("parallel.dp", std::to_string(dp));
   }
   c.dp = static_cast<int>(dp);
-  c.order = o.get_string("parallel.order");
-  RankGrid(world_size, c.dp, c.pp, c.order);  // validates dp × pp = world and the order
   c.ep = static_cast<int>(o.get_int("parallel.ep", 1, INT32_MAX));
-  if (c.dp % c.ep != 0)
-    throw config_error("parallel.ep", o.raw("parallel.ep"),
-                       "must divide parallel.dp = " + std::to_string(c.dp) +
-                           ": expert-parallel groups are carved out of the data-parallel ranks");
+  c.order = o.get_string("parallel.order");
+  const ParallelGrid grid(c);  // checks the sizes against the world, ep against the ranks, and the order
+  if (grid.world() != world_size) {
+    const std::string product = "tp × cp × dp × pp = " + std::to_string(c.tp) + " × " + std::to_string(c.cp) + " × " +
+                                std::to_string(c.dp) + " × " + std::to_string(c.pp);
+    throw config_error("parallel.dp", std::to_string(c.dp),
+                       product + " = " + std::to_string(grid.world()) + " must equal the number of ranks (" +
+                           std::to_string(world_size) + ")");
+  }
+  c.order = grid.order();
+  o.set("parallel.order", c.order);
   return c;
 }
 
@@ -88,14 +84,28 @@ void check_expert_parallelism(const ParallelConfig& c, int64_t routed_experts) {
                            ", so that every expert-parallel rank holds as many experts");
 }
 
+const EnumNames<Backend>& backend_names() {
+  static const EnumNames<Backend> names = {{"auto", Backend::kAuto}, {"mpi", Backend::kMpi}, {"nccl", Backend::kNccl}};
+  return names;
+}
+
+const EnumNames<GradientWire>& gradient_wire_names() {
+  static const EnumNames<GradientWire> names = {{"fp32", GradientWire::kFp32},
+                                                {"bf16", GradientWire::kBf16},
+                                                {"fp16", GradientWire::kFp16},
+                                                {"int8", GradientWire::kInt8},
+                                                {"fp8", GradientWire::kFp8}};
+  return names;
+}
+
 CommConfig read_comm_config(const Options& o) {
   CommConfig c;
-  c.backend = o.get_choice("comm.backend", {"auto", "mpi", "nccl"});
-  c.grad_dtype = o.get_choice("comm.grad_dtype", {"fp32", "bf16", "fp16", "int8", "fp8"});
+  c.backend = o.get_enum("comm.backend", backend_names());
+  c.grad_dtype = o.get_enum("comm.grad_dtype", gradient_wire_names());
   c.error_feedback = o.get_bool("comm.error_feedback");
-  if (c.error_feedback && c.grad_dtype != "int8" && c.grad_dtype != "fp8")
+  if (c.error_feedback && c.grad_dtype != GradientWire::kInt8 && c.grad_dtype != GradientWire::kFp8)
     throw config_error("comm.error_feedback", o.raw("comm.error_feedback"),
-                       "carries quantization error, and comm.grad_dtype = " + c.grad_dtype +
+                       "carries quantization error, and comm.grad_dtype = " + o.raw("comm.grad_dtype") +
                            " quantizes nothing; set comm.grad_dtype = int8 or fp8");
   c.timeout_s = o.get_float("comm.timeout_s", 1.0, 1e7);
   c.bucket_mb = o.get_float("comm.bucket_mb", 0.001, 1e6);

@@ -2,6 +2,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <climits>
 #include <exception>
 #include <optional>
@@ -54,18 +55,18 @@ void finalize_mpi() {
   MPI_Finalize();
 }
 
-std::string resolve_backend(const std::string& requested, const torch::Device& device) {
+Backend resolve_backend(Backend requested, const torch::Device& device) {
 #ifdef DSTRAIN_WITH_NCCL
   const bool have_nccl = true;
 #else
   const bool have_nccl = false;
 #endif
-  if (requested == "auto") return device.is_cuda() && have_nccl ? "nccl" : "mpi";
-  if (requested == "nccl" && !have_nccl)
-    throw config_error("comm.backend", requested,
+  if (requested == Backend::kAuto) return device.is_cuda() && have_nccl ? Backend::kNccl : Backend::kMpi;
+  if (requested == Backend::kNccl && !have_nccl)
+    throw config_error("comm.backend", "nccl",
                        "this dstrain was built without NCCL (it needs a LibTorch with CUDA and NCCL); use mpi");
-  if (requested == "nccl" && !device.is_cuda())
-    throw config_error("comm.backend", requested, "NCCL needs GPUs; with train.device = cpu use mpi");
+  if (requested == Backend::kNccl && !device.is_cuda())
+    throw config_error("comm.backend", "nccl", "NCCL needs GPUs; with train.device = cpu use mpi");
   return requested;
 }
 
@@ -90,9 +91,9 @@ void require_own_gpus(const torch::Device& device) {
                                "or use comm.backend = mpi");
 }
 
-std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& backend,
-                                         const torch::Device& device, double timeout_s) {
-  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, timeout_s);
+std::unique_ptr<Communicator> make_group(MPI_Comm comm, Backend backend, const torch::Device& device,
+                                         double timeout_s) {
+  if (backend == Backend::kMpi) return std::make_unique<MpiCommunicator>(comm, timeout_s);
 #ifdef DSTRAIN_WITH_NCCL
   // NCCL keeps its own copy of the group; the MPI communicator is only needed to set it up.
   std::unique_ptr<Communicator> nccl = make_nccl_communicator(comm, device, timeout_s);
@@ -101,63 +102,96 @@ std::unique_ptr<Communicator> make_group(MPI_Comm comm, const std::string& backe
 #else
   (void)device;
   (void)timeout_s;
-  throw Error(ExitCode::kInternal, "backend " + backend + " is not compiled in");
+  throw Error(ExitCode::kInternal, "backend " + name_of(backend_names(), backend) + " is not compiled in");
 #endif
+}
+
+// Builds the group `comm` on every rank, each rank learning whether every rank built it: a rank
+// that failed does not leave the others waiting inside the next group's set-up.
+std::unique_ptr<Communicator> agreed_group(MPI_Comm comm, Backend backend, const torch::Device& device,
+                                           double timeout_s) {
+  std::unique_ptr<Communicator> group;
+  std::optional<Error> failure;
+  try {
+    group = make_group(comm, backend, device, timeout_s);
+  } catch (const std::exception& e) {  // LibTorch's CUDA errors too: every rank must agree
+    failure = as_error(e);
+  }
+  const FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
+  if (failure) throw *failure;
+  if (agreement.exit_code != 0) throw Error(static_cast<ExitCode>(agreement.exit_code), "");
+  return group;
+}
+
+// The MPI communicator of `rank`'s group among `groups` (every group of a kind): collective.
+MPI_Comm split_off(const std::vector<std::vector<int>>& groups, int rank) {
+  for (size_t colour = 0; colour < groups.size(); ++colour) {
+    const auto place = std::find(groups[colour].begin(), groups[colour].end(), rank);
+    if (place == groups[colour].end()) continue;
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, static_cast<int>(colour), static_cast<int>(place - groups[colour].begin()),
+                             &comm));
+    return comm;
+  }
+  throw Error(ExitCode::kInternal, "rank " + std::to_string(rank) + " is in no group of the grid");
 }
 
 }  // namespace
 
-ParallelContext ParallelContext::create(const RankGrid& grid, const std::string& backend,
-                                        const torch::Device& device, double timeout_s, int ep) {
-  if (ep < 1 || grid.dp() % ep != 0)
-    throw Error(ExitCode::kInternal, "expert-parallel size " + std::to_string(ep) + " does not divide dp");
-  if (backend == "nccl") require_own_gpus(device);
-  int rank = 0;
+ParallelContext ParallelContext::create(const ParallelGrid& grid, Backend backend, const torch::Device& device,
+                                        double timeout_s) {
+  if (backend == Backend::kNccl) require_own_gpus(device);
+  int rank = 0, size = 1;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  GridCoord coord = grid.coord(rank);
-  MPI_Comm world = MPI_COMM_NULL, dp = MPI_COMM_NULL, pp = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  if (size != grid.world())
+    throw Error(ExitCode::kInternal,
+                "a grid of " + std::to_string(grid.world()) + " ranks for " + std::to_string(size));
+  ParallelContext context(grid, rank);
+  MPI_Comm world = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
-  // Ranks of one stage form a DP group, ordered by their data shard; and the other way round.
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp, coord.dp, &dp));
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.dp, coord.pp, &pp));
-  // One group after the other, each rank learning whether every rank built it: a rank that
-  // failed does not leave the others waiting inside the next group's set-up.
-  auto agreed_group = [&](MPI_Comm comm) {
-    std::unique_ptr<Communicator> group;
-    std::optional<Error> failure;
-    try {
-      group = make_group(comm, backend, device, timeout_s);
-    } catch (const std::exception& e) {  // LibTorch's CUDA errors too: every rank must agree
-      failure = as_error(e);
+  context.world_ = std::make_unique<MpiCommunicator>(world, timeout_s);
+  // A kind whose groups are those of a kind made before shares its communicator (the same on
+  // every rank: the groups are the grid's, not this rank's), except the expert exchange's: it runs
+  // while the gradient buckets of the backward pass are under way, which with NCCL would queue it
+  // behind them on a shared communicator's stream.
+  std::vector<std::pair<std::vector<std::vector<int>>, Communicator*>> made;
+  for (Group kind : every_group()) {
+    std::vector<std::vector<int>> groups = grid.all(kind);
+    const bool own = kind == Group::kEp && grid.size(kind) > 1;
+    const auto same = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == groups; });
+    if (!own && same != made.end()) {
+      context.groups_[kind] = same->second;
+      continue;
     }
-    const FailureAgreement agreement = agree_on_failure(failure ? static_cast<int>(failure->code()) : 0);
-    if (failure) throw *failure;
-    if (agreement.exit_code != 0) throw Error(static_cast<ExitCode>(agreement.exit_code), "");
-    return group;
-  };
-  std::unique_ptr<Communicator> dp_group = agreed_group(dp);
-  std::unique_ptr<Communicator> pp_group = agreed_group(pp);
-  ParallelContext context{grid, rank, coord, std::make_unique<MpiCommunicator>(world, timeout_s), std::move(dp_group),
-                          std::move(pp_group), 1, nullptr, nullptr, nullptr};
-  if (ep > 1) {
-    // Colours unique over the world: (stage, expert-data index) and (stage, ep rank).
-    const int expert_data_index = coord.dp / ep, ep_rank = coord.dp % ep;
-    MPI_Comm ep_comm = MPI_COMM_NULL, expert_dp_comm = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + expert_data_index, ep_rank, &ep_comm));
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, coord.pp * grid.dp() + ep_rank, expert_data_index, &expert_dp_comm));
-    // MPI: a second communicator over the same ranks for DualPipeV's side lane (compute_lane.h),
-    // which calls MPI from a second thread.
-    int thread_level = MPI_THREAD_SINGLE;
-    MPI_CHECK(MPI_Query_thread(&thread_level));
-    const bool side_lane = backend == "mpi" && thread_level == MPI_THREAD_MULTIPLE;
-    MPI_Comm ep_side_comm = MPI_COMM_NULL;
-    if (side_lane) MPI_CHECK(MPI_Comm_dup(ep_comm, &ep_side_comm));
-    context.ep = ep;
-    context.ep_group = agreed_group(ep_comm);
-    if (side_lane) context.ep_side_group = agreed_group(ep_side_comm);
-    context.expert_dp_group = agreed_group(expert_dp_comm);
+    context.communicators_.push_back(agreed_group(split_off(groups, rank), backend, device, timeout_s));
+    context.groups_[kind] = context.communicators_.back().get();
+    made.emplace_back(std::move(groups), context.communicators_.back().get());
   }
+  // MPI: a second communicator over the expert-parallel group for DualPipeV's side lane
+  // (compute_lane.h), which calls MPI from a second thread.
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&thread_level));
+  if (backend == Backend::kMpi && thread_level == MPI_THREAD_MULTIPLE && grid.size(Group::kEp) > 1)
+    context.ep_side_ = agreed_group(split_off(grid.all(Group::kEp), rank), backend, device, timeout_s);
   return context;
+}
+
+Communicator& ParallelContext::group(Group group) const { return *groups_.at(group); }
+
+std::string ParallelContext::describe(bool ranks) const {
+  std::string text = "groups (parallel.order " + grid_.order() + "):";
+  for (Group kind : every_group()) text += " " + name_of(group_names(), kind) + " " + std::to_string(grid_.size(kind));
+  if (!ranks) return text;
+  for (Group kind : every_group()) {
+    text += "\n  " + name_of(group_names(), kind) + ":";
+    for (const std::vector<int>& members : grid_.all(kind)) {
+      text += " [";
+      for (size_t i = 0; i < members.size(); ++i) text += (i ? " " : "") + std::to_string(members[i]);
+      text += "]";
+    }
+  }
+  return text;
 }
 
 FailureAgreement agree_on_failure(int local_exit_code, bool has_message) {

@@ -6,17 +6,17 @@
 #include "dstrain/core/error.h"
 
 namespace dstrain {
-namespace {
 
-// "ep-dp-pp" as {"ep", "dp", "pp"}; an empty text as {""}, so that it fails the name check.
-std::vector<std::string> split_names(const std::string& text) {
+std::vector<std::string> split_order(const std::string& order) {
   std::vector<std::string> names;
   size_t start = 0;
-  for (size_t dash; (dash = text.find('-', start)) != std::string::npos; start = dash + 1)
-    names.push_back(text.substr(start, dash - start));
-  names.push_back(text.substr(start));
+  for (size_t dash; (dash = order.find('-', start)) != std::string::npos; start = dash + 1)
+    names.push_back(order.substr(start, dash - start));
+  names.push_back(order.substr(start));
   return names;
 }
+
+namespace {
 
 bool is_name(const std::string& name) {
   return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= 'a' && c <= 'z'; });
@@ -24,23 +24,16 @@ bool is_name(const std::string& name) {
 
 // The names of `text`, or the reason they are not a list of distinct names.
 std::vector<std::string> distinct_names(const std::string& text, std::string* problem) {
-  std::vector<std::string> names = split_names(text);
+  std::vector<std::string> names = split_order(text);
   for (size_t i = 0; i < names.size(); ++i) {
     if (!is_name(names[i])) {
-      *problem = "expected dimension names of lower-case letters joined by '-', innermost first, e.g. dp-pp";
+      *problem = "expected dimension names of lower-case letters joined by '-', innermost first, e.g. tp-cp-dp-pp";
     } else if (std::find(names.begin(), names.begin() + i, names[i]) != names.begin() + i) {
       *problem = "names " + names[i] + " twice";
     }
     if (!problem->empty()) return {};
   }
   return names;
-}
-
-// The two-dimensional grid takes the orders it always took; a third dimension comes with its size.
-const std::string& dp_pp_order(const std::string& order) {
-  if (order != "dp-pp" && order != "pp-dp")
-    throw config_error("parallel.order", order, "expected dp-pp (DP innermost) or pp-dp");
-  return order;
 }
 
 // "dp × pp = 2 × 3 = 6 must equal the number of ranks (4)", the dimensions by name. It names
@@ -62,9 +55,6 @@ void check_product(int world, const std::map<std::string, int>& sizes) {
 }
 
 }  // namespace
-
-RankGrid::RankGrid(int world, int dp, int pp, const std::string& order)
-    : RankGrid(world, dp_pp_order(order), {{"dp", dp}, {"pp", pp}}) {}
 
 RankGrid::RankGrid(int world, const std::string& order, const std::map<std::string, int>& sizes)
     : world_(world), order_(order) {
@@ -101,10 +91,6 @@ int RankGrid::stride(const std::string& dimension) const {
 int RankGrid::coordinate(int rank, const std::string& dimension) const {
   return rank / stride(dimension) % size(dimension);
 }
-
-GridCoord RankGrid::coord(int rank) const { return {coordinate(rank, "dp"), coordinate(rank, "pp")}; }
-
-int RankGrid::rank_of(GridCoord c) const { return c.dp * stride("dp") + c.pp * stride("pp"); }
 
 std::vector<int> RankGrid::group(int rank, const std::string& dimensions) const {
   std::string problem;

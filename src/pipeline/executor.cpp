@@ -5,14 +5,21 @@
 #include <optional>
 
 #include "dstrain/core/error.h"
-#include "dstrain/pipeline/side_lane.h"
+#include "dstrain/parallel/side_lane.h"
 
 namespace dstrain {
 
 PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, PipelineStage& model,
-                                   Communicator& pp_group, const ActivationShape& shape)
-    : train_(std::move(train)), eval_(std::move(eval)), stage_(stage), model_(model), pp_group_(pp_group),
-      shape_(shape), activation_width_(model.activation_width()) {}
+                                   WeightGradientStore& weight_gradients, Communicator& pp_group,
+                                   const ActivationShape& shape)
+    : train_(std::move(train)),
+      eval_(std::move(eval)),
+      stage_(stage),
+      model_(model),
+      pp_group_(pp_group),
+      shape_(shape),
+      activation_width_(model.activation_width()),
+      weight_gradients_(weight_gradients) {}
 
 void PipelineExecutor::set_microbatches(int microbatches) {
   if (microbatches != train_.microbatches)
@@ -48,7 +55,7 @@ std::vector<torch::Tensor> PipelineExecutor::run(const Schedule& schedule, const
   model_.begin_pass(training, factor);
   // Zero-bubble schedules: every projection built in this step leaves its weight gradient to W.
   std::optional<WeightGradientStore::Deferral> deferral;
-  if (training && schedule.splits_backward()) deferral.emplace();
+  if (training && schedule.splits_backward()) deferral.emplace(weight_gradients_);
   // The pipeline's bubble, which the log reports for training steps with pp > 1; without that
   // the events would pile up unread.
   const bool timed = training && pp_group_.size() > 1;

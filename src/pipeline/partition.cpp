@@ -15,7 +15,7 @@ std::vector<LayerSlice> slices_from_counts(const std::vector<int64_t>& counts) {
   std::vector<LayerSlice> slices;
   int64_t first = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
-    slices.push_back({first, first + counts[i], i == 0, i + 1 == counts.size(), {}});
+    slices.push_back({first, first + counts[i], i == 0, i + 1 == counts.size()});
     first += counts[i];
   }
   return slices;

@@ -187,10 +187,20 @@ bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV || kind == ScheduleKind::kDualPipeV;
 }
 
+const EnumNames<ScheduleKind>& schedule_names() {
+  static const EnumNames<ScheduleKind> names = [] {
+    EnumNames<ScheduleKind> training;
+    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                              ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV})
+      training.emplace_back(schedule_name(kind), kind);
+    return training;
+  }();
+  return names;
+}
+
 ScheduleKind schedule_kind_named(const std::string& name) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-                            ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV})
-    if (name == schedule_name(kind)) return kind;
+  for (const auto& [text, kind] : schedule_names())
+    if (name == text) return kind;
   throw config_error("parallel.schedule", name, "expected gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev");
 }
 

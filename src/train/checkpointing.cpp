@@ -49,21 +49,20 @@ CheckpointContents model_and_optimizer_contents(const NamedTensors& params, cons
 // (a run that reads another's checkpoint would drop tensors it has, an MTP module or the balancing
 // bias, or fail on a shape); then those that change what the same tensors compute (position
 // encoding, norms, routing), which may be meant (a longer context's RoPE scaling, say). MLA's and
-// MoE's settings count only for a model that has them (`ours`: the run's configuration values).
+// MoE's settings count only for a model that has them (`model`: the run's).
 struct ModelKeys {
   std::vector<std::string> tensors, function;
 };
-ModelKeys model_keys(const std::map<std::string, std::string>& ours) {
-  auto has = [&](const std::string& key) { return ours.count(key) != 0 && ours.at(key) != "0"; };
+ModelKeys model_keys(const ModelConfig& model) {
   ModelKeys keys;
   keys.tensors = {"model.kv_lora_rank", "model.n_routed_experts", "model.num_nextn_predict_layers"};
   keys.function = {"model.rope_theta", "model.rope_interleave", "model.rope_scaling_factor",
                    "model.rope_mscale_all_dim", "model.rope_mscale", "model.rope_original_max_seq_len",
                    "model.rope_beta_fast", "model.rope_beta_slow", "model.rms_norm_eps"};
-  if (has("model.kv_lora_rank"))
+  if (model.is_mla())
     keys.tensors.insert(keys.tensors.end(), {"model.q_lora_rank", "model.qk_nope_head_dim", "model.qk_rope_head_dim",
                                              "model.v_head_dim"});
-  if (has("model.n_routed_experts")) {
+  if (model.n_routed_experts > 0) {
     keys.tensors.insert(keys.tensors.end(), {"model.n_shared_experts", "model.moe_intermediate_size",
                                              "model.first_k_dense_replace", "model.moe_layer_freq", "model.topk_method"});
     keys.function.insert(keys.function.end(), {"model.num_experts_per_tok", "model.scoring_func", "model.n_group",
@@ -123,7 +122,7 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
   const std::map<std::string, std::string> theirs = checkpoint_config_values(s.config),
                                            ours = checkpoint_config_values(expected.config);
   std::string other_model = model_shape_difference(s.model_shape, expected.model_shape);
-  const ModelKeys model = model_keys(ours);
+  const ModelKeys model = model_keys(expected.model);
   if (other_model.empty()) other_model = differences(theirs, ours, model.tensors);
   if (!other_model.empty()) throw Error(kCode, path + ": a checkpoint of another model: " + other_model);
   const std::string other_function = differences(theirs, ours, model.function);

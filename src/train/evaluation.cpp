@@ -21,10 +21,12 @@ double evaluate_loss(PipelineExecutor& executor, const std::shared_ptr<const Cor
     total += executor.evaluate(loader ? step_batches(*loader, grad_accum, device) : PipelineExecutor::BatchSource());
   }
   // The losses are on the last stage: the sum over the stages brings them to every stage.
-  parallel.pp_group->all_reduce(total, ReduceOp::kSum);
+  parallel.group(Group::kPp).all_reduce(total, ReduceOp::kSum);
   torch::Tensor mean = total / static_cast<double>(batches * grad_accum);
-  parallel.dp_group->all_reduce(mean, ReduceOp::kAvg);
-  parallel.dp_group->synchronize();
+  // The mean over the ranks that read other data.
+  Communicator& readers = parallel.group(Group::kDpCp);
+  readers.all_reduce(mean, ReduceOp::kAvg);
+  readers.synchronize();
   return mean.item<double>();
 }
 

@@ -15,14 +15,14 @@ namespace dstrain {
 
 StepGuards::StepGuards(const TrainConfig& config, ParallelContext& parallel, const torch::Device& device)
     : config_(config), parallel_(parallel), device_(device) {
-  if (config.loop.precision == "fp16")
+  if (config.loop.precision == torch::kFloat16)
     loss_scaler_ = std::make_unique<DynamicLossScaler>(config.optim.loss_scale,
                                                        config.optim.loss_scale_growth_interval, device);
   nonfinite_steps_ = torch::zeros({}, torch::dtype(torch::kFloat32).device(device));
 }
 
 torch::Tensor StepGuards::backward_scale(int64_t step) const {
-  if (fault_due(step, "nan"))  // the gradients of this rank's backward passes become NaN
+  if (fault_due(step, FailMode::kNan))  // the gradients of this rank's backward passes become NaN
     return torch::full({}, std::numeric_limits<float>::quiet_NaN(), torch::dtype(torch::kFloat32).device(device_));
   return loss_scaler_ ? loss_scaler_->scale() : torch::Tensor();
 }
@@ -45,8 +45,8 @@ void StepGuards::check_logged_loss(int64_t step, double loss) {
 
 void StepGuards::check_steps(int64_t step) {
   // A collective that hangs on a GPU surfaces here (after comm.timeout_s), not in the read below.
-  parallel_.pp_group->synchronize();
-  parallel_.dp_group->synchronize();
+  parallel_.group(Group::kPp).synchronize();
+  parallel_.group(Group::kDpCp).synchronize();
   const int64_t nonfinite = static_cast<int64_t>(nonfinite_steps_.item<float>());
   const std::string steps_text = step_range_text(last_checked_step_ + 1, step);
   if (!loss_scaler_ && nonfinite > 0 && config_.optim.skip_nonfinite) {
@@ -76,28 +76,28 @@ StepReport::FieldSource StepGuards::loss_scale_fields() const {
   };
 }
 
-bool StepGuards::fault_due(int64_t step, const char* mode) const {
+bool StepGuards::fault_due(int64_t step, FailMode mode) const {
   return config_.debug.fail_at_step == step && config_.debug.fail_mode == mode &&
-         parallel_.world_rank == config_.debug.fail_rank;
+         parallel_.world_rank() == config_.debug.fail_rank;
 }
 
 void StepGuards::inject_fault(int64_t step) const {
-  if (fault_due(step, "kill")) std::raise(SIGKILL);
-  if (fault_due(step, "sigterm")) std::raise(SIGTERM);
-  if (fault_due(step, "sigint")) std::raise(SIGINT);
-  if (fault_due(step, "hang")) {
-    log::error("debug.fail_mode = hang: rank ", parallel_.world_rank, " stops answering at step ", step);
+  if (fault_due(step, FailMode::kKill)) std::raise(SIGKILL);
+  if (fault_due(step, FailMode::kSigterm)) std::raise(SIGTERM);
+  if (fault_due(step, FailMode::kSigint)) std::raise(SIGINT);
+  if (fault_due(step, FailMode::kHang)) {
+    log::error("debug.fail_mode = hang: rank ", parallel_.world_rank(), " stops answering at step ", step);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
   }
 }
 
 void StepGuards::inject_fault_in_save(int64_t step) const {
-  if (fault_due(step, "kill_in_save")) std::raise(SIGKILL);
+  if (fault_due(step, FailMode::kKillInSave)) std::raise(SIGKILL);
 }
 
 bool StepGuards::stop_requested_anywhere() const {
   torch::Tensor stop = torch::full({1}, signals::stop_requested() ? 1 : 0, torch::kInt32);
-  parallel_.world->all_reduce(stop, ReduceOp::kMax);
+  parallel_.world().all_reduce(stop, ReduceOp::kMax);
   return stop.item<int>() != 0;
 }
 

@@ -7,8 +7,6 @@
 #include "dstrain/parallel/mpi_check.h"
 #include "dstrain/parallel/deadline.h"
 #include "dstrain/parallel/mpi_progress.h"
-#include "dstrain/model/cuda_kernels.h"
-#include "dstrain/model/grouped_matmul.h"
 
 namespace dstrain {
 
@@ -27,19 +25,17 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
   mpi_progress::configure(job.config.comm.progress_thread);
   torch::set_num_threads(job.config.loop.threads);
   blas::set_threads(job.config.loop.threads);  // OpenBLAS's pool would otherwise take every core, on every rank
-  enable_cuda_kernels(job.config.loop.cuda_kernels);
-  enable_grouped_matmul(job.config.loop.grouped_experts);
-  std::string backend;
+  Backend backend = Backend::kMpi;
   agreed_phase(job.world_rank, [&] {  // this rank's device (after one collective that cannot fail alone)
     job.placement = place_rank(job.config.loop.device);
     backend = resolve_backend(job.config.comm.backend, job.placement.device);
   });
   if (job.placement.device.is_cpu()) heap::keep_freed_memory();  // the activations come back every step
   agreed_phase(job.world_rank, [&] {  // collective: communicators (their checks fail on every rank alike)
-    const ParallelConfig& p = job.config.parallel;
-    job.parallel.emplace(ParallelContext::create(RankGrid(job.world_size, p.dp, p.pp, p.order),
-                                                 backend, job.placement.device, job.config.comm.timeout_s, p.ep));
+    job.parallel.emplace(ParallelContext::create(ParallelGrid(job.config.parallel), backend, job.placement.device,
+                                                 job.config.comm.timeout_s));
   });
+  log::info(job.parallel->describe(job.config.log.rank_groups));
   return job;
 }
 
@@ -51,7 +47,7 @@ void abort_job(const Error& error) {
 
 void end_agreed(const Job& job, const AgreedError& error) {
   if (job.world_rank == 0) log::error(error.what());
-  if (job.world_size > 1) job.parallel->world->barrier();
+  if (job.world_size > 1) job.parallel->world().barrier();
   throw Error(error.code(), "");
 }
 

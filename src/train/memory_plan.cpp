@@ -6,6 +6,7 @@
 #include "dstrain/core/text.h"
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/parallel/device.h"
+#include "dstrain/parallel/parallel_grid.h"
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
@@ -16,15 +17,17 @@
 namespace dstrain {
 namespace {
 
-double element_bytes(const std::string& precision) { return precision == "fp32" ? 4 : 2; }
+double element_bytes(torch::ScalarType precision) { return static_cast<double>(c10::elementSize(precision)); }
 
 // Parameters, gradients and optimizer state of one rank of a stage holding `stage`.
-MemoryPlan state_memory(const TrainConfig& c, const StageParameters& stage) {
-  const double element = element_bytes(c.loop.precision), dp = c.parallel.dp, ep = c.parallel.ep;
-  const double held = stage.replicated + stage.routed_experts / ep;
+MemoryPlan state_memory(const TrainConfig& c, const ParallelGrid& grid, const StageParameters& stage) {
+  const double element = element_bytes(c.loop.precision);
+  const double experts = stage.routed_experts / grid.size(Group::kEp);  // the part of them a rank holds
+  const double held = stage.replicated + experts;
   const double state_per_parameter = 8.0 + (element == 4 ? 0.0 : 4.0);  // moments (+ masters)
-  // ZeRO-1: each of the dp / ep ranks holding the same experts keeps a 1/(dp / ep) share of their state.
-  const double sharded = c.optim.zero == 1 ? stage.replicated / dp + stage.routed_experts / ep / (dp / ep) : held;
+  // ZeRO-1: each rank keeps a share of the state of what its group of replicas holds.
+  const double sharded =
+      c.optim.zero == 1 ? stage.replicated / grid.size(Group::kDpCp) + experts / grid.size(Group::kEdp) : held;
   MemoryPlan plan;
   plan.parameters = held * element;
   plan.gradients = held * 4;  // the fp32 gradient buffer
@@ -32,13 +35,14 @@ MemoryPlan state_memory(const TrainConfig& c, const StageParameters& stage) {
   return plan;
 }
 
-ActivationMemoryOptions activation_options(const TrainConfig& c, const FusedOperations& fused) {
+ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelGrid& grid,
+                                           const FusedOperations& fused) {
   ActivationMemoryOptions o;
   o.micro_batch = c.loop.micro_batch;
   o.seq_len = c.loop.seq_len;
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
   o.fused = fused;
-  o.tokens_exchanged = c.parallel.ep > 1;
+  o.tokens_exchanged = grid.size(Group::kEp) > 1;
   return o;
 }
 
@@ -98,28 +102,29 @@ FusedOperations fused_operations(const TrainConfig& c) {
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
-  const int pp = c.parallel.pp, chunks = c.parallel.virtual_stages;
-  const std::vector<LayerSlice> slices = partition_layers(c.model, c.loop.seq_len, pp * chunks, c.parallel.stage_layers);
-  const Schedule schedule = make_schedule(schedule_kind_named(c.parallel.schedule), pp, chunks,
-                                          static_cast<int>(c.loop.grad_accum));
+  const ParallelGrid grid(c.parallel);
+  const int pp = grid.size(Group::kPp), chunks = c.pipeline.virtual_stages;
+  const std::vector<LayerSlice> slices =
+      partition_layers(c.model, c.loop.seq_len, pp * chunks, c.pipeline.stage_layers);
+  const Schedule schedule = make_schedule(c.pipeline.schedule, pp, chunks, static_cast<int>(c.loop.grad_accum));
   const std::vector<std::vector<ActivationMemoryOptions>> held =
-      micro_batches_held(schedule, activation_options(c, fused));
+      micro_batches_held(schedule, activation_options(c, grid, fused));
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<LayerSlice> mine;
     for (int chunk = 0; chunk < chunks; ++chunk)
       mine.push_back(slices[static_cast<size_t>(schedule.virtual_stage(stage, chunk))]);
-    const MemoryPlan state = state_memory(c, stage_parameters(c.model, mine));
+    const MemoryPlan state = state_memory(c, grid, stage_parameters(c.model, mine));
     if (state.total() > plan.parameters + plan.gradients + plan.optimizer_state) {
       plan.parameters = state.parameters;
       plan.gradients = state.gradients;
       plan.optimizer_state = state.optimizer_state;
     }
-    for (const char* mode : {"none", "selective", "full"}) {
+    for (const auto& [name, mode] : recompute_names()) {
       const bool configured = mode == c.loop.recompute;
       double& peak = plan.activations_by_recompute[mode];
       for (ActivationMemoryOptions options : held[static_cast<size_t>(stage)]) {
-        options.recompute = {recompute_named(mode), configured ? c.loop.recompute_layers : 0};
+        options.recompute = {mode, configured ? c.loop.recompute_layers : 0};
         peak = std::max(peak, step_activation_bytes(c.model, mine, options));
       }
     }

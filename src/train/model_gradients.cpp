@@ -32,18 +32,17 @@ ParameterSet select(const NamedTensors& params, const std::vector<torch::Tensor>
 }  // namespace
 
 ModelGradients::ModelGradients(const NamedTensors& params, const std::vector<torch::Tensor>& use_order,
-                               GradientReduction reduction, ParallelContext& parallel)
-    : parallel_(parallel) {
-  if (!parallel.ep_group) {
-    reduction.dp_group = parallel.dp_group.get();
+                               GradientReduction reduction, const GradientGroups& groups)
+    : groups_(groups) {
+  reduction.group = &groups.dense;
+  if (&groups.experts == &groups.dense) {  // the same holders: one buffer
     replicated_ = std::make_unique<GradientBuffer>(params, use_order, reduction);
     return;
   }
   const ParameterSet replicated = select(params, use_order, false), experts = select(params, use_order, true);
-  reduction.dp_group = parallel.dp_group.get();
   replicated_ = std::make_unique<GradientBuffer>(replicated.params, replicated.use_order, reduction);
-  reduction.dp_group = parallel.expert_dp_group.get();
-  reduction.divide_sum_by = parallel.grid.dp();
+  reduction.group = &groups.experts;
+  reduction.divide_sum_by = groups.dense.size();
   experts_ = std::make_unique<GradientBuffer>(experts.params, experts.use_order, reduction);
 }
 
@@ -58,12 +57,12 @@ void ModelGradients::reduce() {
 }
 
 torch::Tensor ModelGradients::global_norm() {
-  Communicator* stages = parallel_.pp_group.get();
+  Communicator* stages = &groups_.stages;
   if (!experts_) return global_grad_norm(*replicated_, stages);
   torch::NoGradGuard no_grad;
   // The experts of the other ranks of the expert-parallel group are the rest of the layer's.
   torch::Tensor expert_squares = squared_grad_norm(*experts_);
-  parallel_.ep_group->all_reduce(expert_squares, ReduceOp::kSum);
+  groups_.expert_parallel.all_reduce(expert_squares, ReduceOp::kSum);
   torch::Tensor squares = squared_grad_norm(*replicated_) + expert_squares;
   if (stages->size() > 1) stages->all_reduce(squares, ReduceOp::kSum);
   return squares.sqrt().reshape({});
@@ -104,7 +103,7 @@ void ModelGradients::set_microbatches(int64_t microbatches) {
 
 NamedTensors ModelGradients::error_feedback() {
   char rank[32];
-  std::snprintf(rank, sizeof rank, "rank_%05d", parallel_.world_rank);
+  std::snprintf(rank, sizeof rank, "rank_%05d", groups_.world_rank);
   NamedTensors carried;
   if (replicated_->error_feedback().defined())
     carried.emplace_back(std::string("comm/error_feedback/replicated/") + rank, replicated_->error_feedback());
@@ -113,6 +112,6 @@ NamedTensors ModelGradients::error_feedback() {
   return carried;
 }
 
-bool ModelGradients::writes_experts() const { return !experts_ || parallel_.expert_dp_group->rank() == 0; }
+bool ModelGradients::writes_experts() const { return !experts_ || groups_.experts.rank() == 0; }
 
 }  // namespace dstrain

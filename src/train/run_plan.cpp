@@ -5,7 +5,7 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/flops.h"
-#include "dstrain/train/metrics.h"
+#include "dstrain/report/metrics.h"
 
 namespace dstrain {
 namespace {
@@ -29,7 +29,7 @@ void log_mixture(const TrainConfig& c, const Mixture& data) {
 RunPlan run_plan(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement) {
   const double peak =
       c.loop.peak_tflops > 0 ? c.loop.peak_tflops : accel::known_peak_tflops(placement.name, c.loop.precision);
-  return {training_flops_per_token(c.model, c.loop.seq_len), peak * 1e12 * parallel.grid.world()};
+  return {training_flops_per_token(c.model, c.loop.seq_len), peak * 1e12 * parallel.grid().world()};
 }
 
 void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelContext& parallel,
@@ -38,19 +38,21 @@ void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelConte
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.3g", plan.flops_per_token);
   log::info("model: ", with_commas(static_cast<double>(count_parameters(c.model).total)), " parameters, ", flops,
-            " FLOP per token (training); ", c.loop.precision, " on ", placement.device.str(), " (", placement.name,
-            "), comm ", parallel.dp_group->backend());
-  const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages;
+            " FLOP per token (training); ", name_of(precision_names(), c.loop.precision), " on ",
+            placement.device.str(), " (", placement.name, "), comm ",
+            name_of(backend_names(), parallel.group(Group::kDpCp).backend()));
+  const int pp = parallel.group(Group::kPp).size(), chunks_per_stage = c.pipeline.virtual_stages;
   if (pp * chunks_per_stage > 1) {
     std::string text = "pipeline: " + std::to_string(pp) + " stages × " + std::to_string(chunks_per_stage) +
-                       " chunk(s), schedule " + c.parallel.schedule + ", layers per virtual stage";
+                       " chunk(s), schedule " + schedule_name(c.pipeline.schedule) + ", layers per virtual stage";
     for (const LayerSlice& slice : stage.slices) text += " " + std::to_string(slice.last - slice.first);
     log::info(text);
   }
-  if (parallel.ep > 1) {
-    log::info("experts: the ", c.model.n_routed_experts, " routed experts of each MoE layer split over ", parallel.ep,
-              " expert-parallel ranks, ", c.model.n_routed_experts / parallel.ep,
-              " each; their gradients averaged over ", parallel.grid.dp() / parallel.ep, " rank(s) holding the same");
+  const int ep = parallel.group(Group::kEp).size();
+  if (ep > 1) {
+    log::info("experts: the ", c.model.n_routed_experts, " routed experts of each MoE layer split over ", ep,
+              " expert-parallel ranks, ", c.model.n_routed_experts / ep, " each; their gradients averaged over ",
+              parallel.group(Group::kEdp).size(), " rank(s) holding the same");
   }
   char state[128];
   std::snprintf(state, sizeof state, "optimizer state: %.1f MiB on rank 0%s", optimizer.state_bytes() / 1048576.0,
@@ -58,8 +60,8 @@ void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelConte
   log::info(state);
   log::info("training ", c.loop.steps, " steps: global batch ", c.loop.global_batch, " × ", c.loop.seq_len,
             " tokens (micro_batch ", c.loop.micro_batch, " × grad_accum ", c.loop.grad_accum, " × dp ",
-            parallel.grid.dp(), "), ", with_commas(static_cast<double>(train_data.n_tokens())), " tokens in ",
-            c.data.train);
+            parallel.group(Group::kDp).size(), "), ", with_commas(static_cast<double>(train_data.n_tokens())),
+            " tokens in ", c.data.train);
   if (c.loop.rampup.on())
     log::info("batch ramp-up: the global batch starts at ", c.loop.rampup.start, " sequences and grows by ",
               c.loop.rampup.increment, " over the first ", with_commas(static_cast<double>(c.loop.rampup.samples)),

@@ -5,6 +5,7 @@
 #include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/model/grouped_matmul.h"
 #include "dstrain/pipeline/partition.h"
 
 namespace dstrain {
@@ -28,7 +29,7 @@ NamedTensors RankStage::parameters() const { return of_every_chunk(chunks(), sor
 NamedTensors RankStage::module_parameters() const { return of_every_chunk(chunks(), dstrain::module_parameters); }
 
 int64_t RankStage::first_expert(const ModelConfig& config) const {
-  return slices.front().experts.first(config.n_routed_experts);
+  return expert_exchange ? expert_exchange->shard().first(config.n_routed_experts) : 0;
 }
 
 std::string RankStage::layers_per_virtual_stage() const {
@@ -43,9 +44,9 @@ namespace {
 // if not, why (a warning: the pairs then run one after the other).
 bool pairs_side_by_side(const TrainConfig& c, const LaneGroups& expert_groups, const torch::Device& device) {
   std::string why_not;
-  if (c.parallel.schedule != "dualpipev")
-    why_not = "the schedule is " + c.parallel.schedule + ", not dualpipev";
-  else if (c.parallel.ep == 1)
+  if (c.pipeline.schedule != ScheduleKind::kDualPipeV)
+    why_not = std::string("the schedule is ") + schedule_name(c.pipeline.schedule) + ", not dualpipev";
+  else if (expert_groups.main()->size() == 1)
     why_not = "without expert parallelism (parallel.ep = 1) there is no exchange to hide";
   else if (device.is_cuda())  // both lanes would queue on one stream
     why_not = "on GPUs the pairs run one after the other";
@@ -59,7 +60,7 @@ bool pairs_side_by_side(const TrainConfig& c, const LaneGroups& expert_groups, c
 // counting its multi-token prediction modules' after its own: a count that no chunk reaches
 // recomputes every layer, as 0 does, which the run says rather than leave it to be guessed.
 void say_when_every_layer_reruns(const TrainConfig& c, const std::vector<LayerSlice>& slices) {
-  if (c.loop.recompute != "full" || c.loop.recompute_layers == 0) return;
+  if (c.loop.recompute != Recompute::kFull || c.loop.recompute_layers == 0) return;
   int64_t most = 0;
   for (const LayerSlice& slice : slices)
     most = std::max(most, slice.last - slice.first + (slice.has_head ? c.model.num_nextn_predict_layers : 0));
@@ -70,43 +71,58 @@ void say_when_every_layer_reruns(const TrainConfig& c, const std::vector<LayerSl
 
 }  // namespace
 
+ComputeOptions compute_options(const LoopConfig& loop) {
+  ComputeOptions options;
+  options.recompute = {loop.recompute, loop.recompute_layers};
+  options.cuda_kernels = loop.cuda_kernels && cuda_kernels_built();
+  if (loop.grouped_experts && grouped_matmul_built()) options.grouped_matmul = std::make_shared<GroupedMatmul>();
+  return options;
+}
+
 RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, const torch::Device& device,
                            Initialization initialization) {
   // Initialised in fp32 on the CPU from (seed, name) alone, then moved and rounded: the same
   // start on every device and layout.
-  const torch::ScalarType dtype = dtype_named(c.loop.precision);
+  const torch::ScalarType dtype = c.loop.precision;
   if (dtype == torch::kFloat16 && !device.is_cuda())
     throw config_error("train.precision", "fp16",
                        "LibTorch's CPU kernels have no fp16 matrix products; use bf16 on the CPU (fp16 runs on GPUs)");
-  const int pp = parallel.grid.pp(), chunks_per_stage = c.parallel.virtual_stages, stage = parallel.coord.pp;
+  Communicator& stages = parallel.group(Group::kPp);
+  const int pp = stages.size(), chunks_per_stage = c.pipeline.virtual_stages, stage = stages.rank();
   RankStage rank;
-  rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.parallel.stage_layers);
-  for (LayerSlice& slice : rank.slices) slice.experts = {parallel.ep_rank(), parallel.ep};
+  rank.slices = partition_layers(c.model, c.loop.seq_len, pp * chunks_per_stage, c.pipeline.stage_layers);
   say_when_every_layer_reruns(c, rank.slices);
-  const ScheduleKind schedule = schedule_kind_named(c.parallel.schedule);
+  ComputeOptions options = compute_options(c.loop);
+  rank.rerun_clock = std::make_unique<RerunClock>();
+  options.rerun_clock = rank.rerun_clock.get();
+  rank.weight_gradients = std::make_unique<WeightGradientStore>();
+  options.deferral = rank.weight_gradients.get();
+  const LaneGroups expert_groups = parallel.expert_lanes();
+  if (expert_groups.main()->size() > 1) {
+    rank.expert_exchange = std::make_unique<ExpertAllToAll>(expert_groups);
+    options.expert_exchange = rank.expert_exchange.get();
+  }
+  const ScheduleKind schedule = c.pipeline.schedule;
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
-  if (pp > 1 && training.sends_without_waiting() && parallel.pp_group->backend() == "nccl")
-    throw config_error("parallel.schedule", c.parallel.schedule,
+  if (pp > 1 && training.sends_without_waiting() && stages.backend() == Backend::kNccl)
+    throw config_error("parallel.schedule", schedule_name(c.pipeline.schedule),
                        "its sends go without waiting for the receiver, which the NCCL backend cannot do yet; use "
                        "comm.backend = mpi, or gpipe, 1f1b or interleaved");
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
-    CausalLM model(c.model, rank.slices[training.virtual_stage(stage, chunk)]);
+    CausalLM model(c.model, rank.slices[training.virtual_stage(stage, chunk)], options);
     if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
     model->to(device);
     cast_parameters(*model, dtype);
-    model->set_recompute({recompute_named(c.loop.recompute), c.loop.recompute_layers});
     chunks.push_back(model);
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
-  const LaneGroups expert_groups(parallel.ep_group.get(), parallel.ep_side_group.get());
-  for (auto [index, moe] : rank.model->moe_layers()) moe->set_expert_groups(expert_groups);
   Schedule evaluation = make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches, training.v_shape);
   rank.executor = std::make_unique<PipelineExecutor>(
-      std::move(training), std::move(evaluation), stage, *rank.model,
-      *parallel.pp_group, ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
-  if (c.parallel.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
+      std::move(training), std::move(evaluation), stage, *rank.model, *rank.weight_gradients, stages,
+      ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
+  if (c.pipeline.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
   return rank;
 }
 
@@ -120,10 +136,12 @@ PipelineExecutor::BatchSource step_batches(DataLoader& loader, int64_t micro_bat
 }
 
 LoaderOptions rank_loader_options(const TrainConfig& c, const ParallelContext& parallel, const torch::Device& device) {
+  // The data-parallel ranks of a stage read the global batch's shards, one each.
+  const Communicator& readers = parallel.group(Group::kDp);
   LoaderOptions options;
   options.seq_len = static_cast<uint64_t>(c.loop.seq_len);
   options.layout = {static_cast<uint64_t>(c.loop.micro_batch), static_cast<uint64_t>(c.loop.grad_accum),
-                    static_cast<uint64_t>(parallel.grid.dp()), static_cast<uint64_t>(parallel.coord.dp)};
+                    static_cast<uint64_t>(readers.size()), static_cast<uint64_t>(readers.rank())};
   options.seed = c.run.seed;
   options.model_vocab = static_cast<uint64_t>(c.model.vocab_size);
   options.prefetch_depth = static_cast<size_t>(c.data.prefetch);

@@ -75,7 +75,19 @@ void add_debug_options(OptionTable& t) {
 void add_log_options(OptionTable& t) {
   t.add("log.interval", OptionKind::kInt, "10", "print and record metrics every N steps");
   t.add("log.all_ranks", OptionKind::kBool, "false", "every rank prints, prefixed with its rank");
+  t.add("log.rank_groups", OptionKind::kBool, "false",
+        "the start-up log lists the ranks of every group (tp, cp, dp, pp, dp-cp, ep, edp), not only their sizes");
 }
+
+}  // namespace
+
+const EnumNames<torch::ScalarType>& precision_names() {
+  static const EnumNames<torch::ScalarType> names = {
+      {"fp32", torch::kFloat32}, {"bf16", torch::kBFloat16}, {"fp16", torch::kFloat16}};
+  return names;
+}
+
+namespace {
 
 void require_file(const Options& o, const std::string& key) {
   const std::string& path = o.raw(key);
@@ -101,17 +113,17 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.eval_interval = o.get_int("train.eval_interval", 0);
   c.eval_batches = o.get_int("train.eval_batches", 1);
   c.threads = static_cast<int>(o.get_int("train.threads", 1, 1024));
-  c.device = o.get_choice("train.device", {"auto", "cpu", "cuda"});
-  c.precision = o.get_choice("train.precision", {"fp32", "bf16", "fp16"});
+  c.device = o.get_enum("train.device", device_request_names());
+  c.precision = o.get_enum("train.precision", precision_names());
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
   c.grouped_experts = o.get_bool("train.grouped_experts");
-  c.recompute = o.get_choice("train.recompute", {"none", "selective", "full"});
+  c.recompute = o.get_enum("train.recompute", recompute_names());
   c.recompute_layers = o.get_int("train.recompute_layers", 0);
-  if (c.recompute_layers > 0 && c.recompute != "full")
+  if (c.recompute_layers > 0 && c.recompute != Recompute::kFull)
     throw config_error("train.recompute_layers", o.raw("train.recompute_layers"),
-                       "counts the layers of train.recompute = full, which is " + c.recompute + " here; set "
-                       "train.recompute = full");
+                       "counts the layers of train.recompute = full, which is " + o.raw("train.recompute") +
+                           " here; set train.recompute = full");
 
   const int64_t per_micro = c.micro_batch * dp;
   const std::string product = "train.micro_batch × parallel.dp = " + std::to_string(c.micro_batch) +
@@ -148,6 +160,7 @@ OptionTable train_option_table() {
   add_run_options(table);
   add_model_options(table);
   add_parallel_options(table);
+  add_pipeline_options(table);
   add_comm_options(table);
   add_loop_options(table);
   add_optim_options(table);
@@ -166,18 +179,14 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   c.model = read_model_config(o);
   c.parallel = read_parallel_config(o, world_size);
   check_expert_parallelism(c.parallel, c.model.n_routed_experts);
+  c.pipeline = read_pipeline_config(o);
   c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
-  if (c.parallel.virtual_stages == 0) {
-    c.parallel.virtual_stages = default_virtual_stages(schedule_kind_named(c.parallel.schedule));
-    o.set("parallel.virtual_stages", std::to_string(c.parallel.virtual_stages));
-  }
   // The schedule and the split of the layers, checked now (the trainer makes them again).
-  check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
-                 static_cast<int>(c.loop.grad_accum));
+  check_schedule(c.pipeline.schedule, c.parallel.pp, c.pipeline.virtual_stages, static_cast<int>(c.loop.grad_accum));
   for (int64_t size : ramp_batches(c.loop.rampup, c.loop.global_batch)) {
     try {
-      check_schedule(schedule_kind_named(c.parallel.schedule), c.parallel.pp, c.parallel.virtual_stages,
+      check_schedule(c.pipeline.schedule, c.parallel.pp, c.pipeline.virtual_stages,
                      static_cast<int>(c.loop.grad_accum_for(size)));
     } catch (const Error& e) {
       throw config_error("train.batch_rampup", o.raw("train.batch_rampup"),
@@ -185,7 +194,7 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
                              e.what() + ")");
     }
   }
-  partition_layers(c.model, c.loop.seq_len, c.parallel.pp * c.parallel.virtual_stages, c.parallel.stage_layers);
+  partition_layers(c.model, c.loop.seq_len, c.parallel.pp * c.pipeline.virtual_stages, c.pipeline.stage_layers);
   c.optim = read_optim_config(o);
   return c;
 }
@@ -216,9 +225,15 @@ TrainConfig read_train_config(Options& o, int world_size) {
   c.ckpt = read_ckpt_config(o, c.run.dir);
   c.log.interval = o.get_int("log.interval", 1);
   c.log.all_ranks = o.get_bool("log.all_ranks");
+  c.log.rank_groups = o.get_bool("log.rank_groups");
   c.debug.fail_at_step = o.get_int("debug.fail_at_step", 0);
   c.debug.fail_rank = static_cast<int>(o.get_int("debug.fail_rank", 0, world_size - 1));
-  c.debug.fail_mode = o.get_choice("debug.fail_mode", {"kill", "kill_in_save", "sigterm", "sigint", "hang", "nan"});
+  c.debug.fail_mode = o.get_enum("debug.fail_mode", EnumNames<FailMode>{{"kill", FailMode::kKill},
+                                                                        {"kill_in_save", FailMode::kKillInSave},
+                                                                        {"sigterm", FailMode::kSigterm},
+                                                                        {"sigint", FailMode::kSigint},
+                                                                        {"hang", FailMode::kHang},
+                                                                        {"nan", FailMode::kNan}});
   c.debug.forbid_host_sync = o.get_bool("debug.forbid_host_sync");
   return c;
 }

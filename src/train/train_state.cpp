@@ -59,14 +59,14 @@ std::pair<std::string, std::string> choose_start(const Job& job, std::vector<std
     if (resume.empty() && !config.ckpt.load_weights.empty())
       weights = resolve_checkpoint(config.ckpt.load_weights, "ckpt.load_weights");
   });
-  return {job.parallel->world->broadcast_string(resume, 0), job.parallel->world->broadcast_string(weights, 0)};
+  return {job.parallel->world().broadcast_string(resume, 0), job.parallel->world().broadcast_string(weights, 0)};
 }
 
 TrainState::TrainState(TrainStateParts parts, ParallelContext& parallel)
     : parts_(std::move(parts)), parallel_(parallel), corpus_fingerprint_(parts_.train_data->fingerprint()) {
   const CkptConfig& c = parts_.config->ckpt;
-  checkpoints_ = std::make_unique<CheckpointWriter>(c.dir, RetentionPolicy{c.keep_last, c.keep_every}, parallel,
-                                                    parts_.config->comm.timeout_s);
+  checkpoints_ = std::make_unique<CheckpointWriter>(c.dir, RetentionPolicy{c.keep_last, c.keep_every}, parallel.world(),
+                                                    parallel.group(Group::kDpCp), parts_.config->comm.timeout_s);
 }
 
 void TrainState::restore(const std::string& resume, const std::string& weights) {
@@ -84,7 +84,7 @@ void TrainState::resume_from(const std::string& path) {
   const TrainConfig& config = *parts_.config;
   CheckpointReader reader(path);
   const CheckpointState& state = reader.state();
-  check_resumable(reader, {model_shape_text(config.model), config.data.train, corpus_fingerprint_,
+  check_resumable(reader, {config.model, model_shape_text(config.model), config.data.train, corpus_fingerprint_,
                            static_cast<uint64_t>(config.loop.global_batch), static_cast<uint64_t>(config.loop.seq_len),
                            parts_.config_text, config.loop.steps});
   load_checkpoint(reader, *parts_.optimizer, parts_.params, parts_.first_expert);
@@ -93,22 +93,20 @@ void TrainState::resume_from(const std::string& path) {
     parts_.loss_scaler->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);
   // The generator states and carried quantization errors go back where they came from when the
   // layout is the same.
-  const RankGrid& grid = parallel_.grid;
-  const int64_t their_ep = checkpoint_expert_parallel_size(state.config);
-  const bool same_layout = state.world_size == static_cast<uint64_t>(grid.world()) &&
-                           state.dp == static_cast<uint64_t>(grid.dp()) &&
-                           state.pp == static_cast<uint64_t>(grid.pp()) && their_ep == parallel_.ep;
+  const ParallelConfig theirs = checkpoint_layout(state.config);
+  const bool same_layout = state.world_size == static_cast<uint64_t>(parallel_.grid().world()) &&
+                           ParallelGrid(theirs).same_places(parallel_.grid());
   restore_error_feedback(reader, *parts_.grads, same_layout);
   if (same_layout) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state.rng[parallel_.world_rank].contiguous());
+    generator.set_state(state.rng[parallel_.world_rank()].contiguous());
   }
   start_step_ = state.step;
   consumed_samples_ = static_cast<int64_t>(state.consumed_samples);
   log::info("resuming from ", path, ": after step ", state.step, ", ", state.consumed_samples,
             " samples consumed; written by dp ", state.dp, " × pp ", state.pp,
-            their_ep > 1 ? " (experts over ep " + std::to_string(their_ep) + ")" : "", " (", state.schedule, ")",
+            theirs.ep > 1 ? " (experts over ep " + std::to_string(theirs.ep) + ")" : "", " (", state.schedule, ")",
             same_layout ? "" : ", continuing on this layout");
 }
 
@@ -139,11 +137,11 @@ CheckpointState TrainState::capture(int64_t step) const {
   state.corpus_path = config.data.train;
   state.corpus_checksum = corpus_fingerprint_;
   state.tokenizer = parts_.train_data->corpora.front()->info().tokenizer;  // a mixture's corpora share it
-  state.world_size = static_cast<uint64_t>(parallel_.grid.world());
-  state.dp = static_cast<uint64_t>(parallel_.grid.dp());
-  state.pp = static_cast<uint64_t>(parallel_.grid.pp());
-  state.virtual_stages = static_cast<uint64_t>(config.parallel.virtual_stages);
-  state.schedule = config.parallel.schedule;
+  state.world_size = static_cast<uint64_t>(parallel_.grid().world());
+  state.dp = static_cast<uint64_t>(parallel_.grid().size(Group::kDp));
+  state.pp = static_cast<uint64_t>(parallel_.grid().size(Group::kPp));
+  state.virtual_stages = static_cast<uint64_t>(config.pipeline.virtual_stages);
+  state.schedule = schedule_name(config.pipeline.schedule);
   state.stage_layers = parts_.layers_per_virtual_stage;
   return state;
 }
@@ -165,8 +163,8 @@ void TrainState::save(int64_t step) {
 
 std::string TrainState::finish_model(int64_t step) {
   // The whole model on rank 0, whatever the layout: its digest, and the file if asked for.
-  const NamedTensors model = gather_parameters(parts_.params, parallel_);
-  if (parallel_.world_rank != 0) return "";
+  const NamedTensors model = gather_parameters(parts_.params, parallel_.world(), parallel_.grid());
+  if (parallel_.world_rank() != 0) return "";
   if (parts_.config->ckpt.save_final) write_final_model(step, model);
   return parameter_digest(model);
 }

@@ -17,18 +17,21 @@
 #include "dstrain/parallel/deadline.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
+#include "dstrain/optim/lr_schedule.h"
 #include "dstrain/optim/moe_balancing.h"
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/guards.h"
 #include "dstrain/train/job.h"
 #include "dstrain/train/memory_plan.h"
 #include "dstrain/train/model_gradients.h"
-#include "dstrain/train/progress.h"
-#include "dstrain/train/run_directory.h"
+#include "dstrain/report/progress.h"
+#include "dstrain/report/run_directory.h"
+#include "dstrain/train/report_fields.h"
+#include "dstrain/train/run_summary.h"
 #include "dstrain/train/run_plan.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/stage_builder.h"
-#include "dstrain/train/step_report.h"
+#include "dstrain/report/step_report.h"
 #include "dstrain/train/train_state.h"
 
 namespace dstrain {
@@ -54,12 +57,13 @@ GradientReduction gradient_reduction(const TrainConfig& c) {
   reduction.overlap = c.comm.overlap;
   reduction.microbatches = c.loop.grad_accum;
   reduction.shard = c.optim.zero == 1;
-  if (c.comm.grad_dtype == "int8")
-    reduction.quantized = BlockFormat::kInt8;
-  else if (c.comm.grad_dtype == "fp8")
-    reduction.quantized = BlockFormat::kFp8E4M3;
-  else
-    reduction.wire_dtype = dtype_named(c.comm.grad_dtype);
+  switch (c.comm.grad_dtype) {
+    case GradientWire::kInt8: reduction.quantized = BlockFormat::kInt8; break;
+    case GradientWire::kFp8: reduction.quantized = BlockFormat::kFp8E4M3; break;
+    case GradientWire::kBf16: reduction.wire_dtype = torch::kBFloat16; break;
+    case GradientWire::kFp16: reduction.wire_dtype = torch::kFloat16; break;
+    case GradientWire::kFp32: reduction.wire_dtype = torch::kFloat32; break;
+  }
   reduction.error_feedback = c.comm.error_feedback;
   return reduction;
 }
@@ -125,13 +129,14 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
     for (const torch::Tensor& p : chunk->parameters())
       if (p.requires_grad()) use_order.push_back(p);
   grads_ = std::make_unique<ModelGradients>(
-      trainable, use_order,
-      gradient_reduction(c), parallel_);
+      trainable, use_order, gradient_reduction(c),
+      GradientGroups{parallel_.group(Group::kDpCp), parallel_.group(Group::kEdp), parallel_.group(Group::kEp),
+                     parallel_.group(Group::kPp), parallel_.world_rank()});
   optimizer_ = std::make_unique<AdamW>(
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
-    auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), *parallel_.dp_group, c.model,
-                                                    c.loop.grad_accum, device, parallel_.ep);
+    auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), parallel_.group(Group::kDpCp), c.model,
+                                                    c.loop.grad_accum, device);
     balancing_ = balancing.get();
     post_step_hooks_.push_back(std::move(balancing));
   }
@@ -162,20 +167,23 @@ void Trainer::open_run_directory() {
                          plan_.flops_per_token, plan_.peak_flops, placement_.device, state_->consumed_samples(),
                          config_.loop.rampup.on()},
       parallel_);
-  if (parallel_.grid.pp() > 1) report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
+  if (parallel_.group(Group::kPp).size() > 1)
+    report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
-  if (parallel_.ep > 1)
+  if (stage_.expert_exchange)
     report_->add_field_source(
-        expert_exchange_field(*stage_.model, *stage_.executor, parallel_, state_->start_step()));
-  if (parallel_.grid.dp() > 1)  // times by host clocks: MPI's; NCCL's run on their own stream
+        expert_exchange_field(*stage_.expert_exchange, *stage_.executor, parallel_, state_->start_step()));
+  Communicator& replicas = parallel_.group(Group::kDpCp);
+  if (replicas.size() > 1)  // times by host clocks: MPI's; NCCL's run on their own stream
     report_->add_field_source(
-        data_parallel_comm_field(*grads_, parallel_, /*host_clocks=*/parallel_.dp_group->backend() == "mpi"));
+        data_parallel_comm_field(*grads_, parallel_, /*host_clocks=*/replicas.backend() == Backend::kMpi));
   report_->add_field_source(guards_.loss_scale_fields());
   report_->add_sink(std::make_unique<ConsoleSink>(state_->start_step(), config_.loop.steps));
   // A run already at train.steps (a requeued job that had finished, say) trains nothing: its run
   // directory keeps the configuration and logs of the run that did.
-  if (parallel_.world_rank != 0 || state_->start_step() >= config_.loop.steps) return;
-  for (auto& sink : open_run_files(config_, config_text_, state_->start_step())) report_->add_sink(std::move(sink));
+  if (parallel_.world_rank() != 0 || state_->start_step() >= config_.loop.steps) return;
+  for (auto& sink : open_run_files(config_.run.dir, config_text_, state_->start_step()))
+    report_->add_sink(std::move(sink));
 }
 
 StepResult Trainer::train_step(int64_t step) {
@@ -204,7 +212,7 @@ StepResult Trainer::train_step(int64_t step) {
   if (scaler) divisor = divisor.defined() ? divisor * scaler->scale() : scaler->scale();
   state_->add_consumed_samples(global_batch);
   // The schedule counts steps, or tokens in steps of the full batch (optim.schedule_unit).
-  const double lr = schedule_.at(config_.optim.schedule_unit == "tokens"
+  const double lr = schedule_.at(config_.optim.schedule_unit == ScheduleUnit::kTokens
                                      ? static_cast<double>(state_->consumed_samples()) /
                                            static_cast<double>(config_.loop.global_batch)
                                      : static_cast<double>(step));
@@ -268,7 +276,7 @@ void Trainer::complete_save_in_flight() {
   }
   // Rank 0 renames the file and moves `latest` after the others are done with the save: they wait
   // for it here, since the error then ends the job (MPI_Abort) wherever rank 0 is.
-  parallel_.world->barrier();
+  parallel_.world().barrier();
 }
 
 TrainResult Trainer::run_steps() {
@@ -330,11 +338,13 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
   // The largest rank's, as `model info` plans for the stage that holds the most.
   torch::Tensor peak = torch::full({1}, static_cast<double>(step_memory_.peak_bytes()), torch::kFloat64);
-  parallel_.world->all_reduce(peak, ReduceOp::kMax);
+  parallel_.world().all_reduce(peak, ReduceOp::kMax);
   result.peak_activation_bytes = static_cast<int64_t>(peak.item<double>());
+  result.rerun_seconds = stage_.rerun_clock->seconds();
   result.param_digest = state_->finish_model(config_.loop.steps);
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);
-  if (parallel_.world_rank == 0) result.run_files = run_files_text(config_);  // (the rank that wrote the summary)
+  if (parallel_.world_rank() == 0)  // (the rank that wrote the summary)
+    result.run_files = run_files_text(config_.run.dir, config_.ckpt.save_final);
   return result;
 }
 

@@ -240,7 +240,8 @@ TEST(ModelInfo, ExpertParallelismSplitsTheRoutedExperts) {
   EXPECT_NE(text.output.find("16 rank(s): dp 16 x pp 1, ep 16, fp32"), std::string::npos) << text.output;
   RunOutput uneven = run_dstrain(0, {"model", "info", "--config", v3, "--ranks", "8", "--parallel.ep", "3"});
   EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
-  EXPECT_NE(uneven.output.find("parallel.ep = 3: must divide parallel.dp = 8"), std::string::npos) << uneven.output;
+  EXPECT_NE(uneven.output.find("parallel.ep = 3: must divide parallel.tp × cp × dp = 8"), std::string::npos)
+      << uneven.output;
   RunOutput experts_left = run_dstrain(0, {"model", "info", "--config", v3, "--ranks", "24", "--parallel.ep", "3"});
   EXPECT_EQ(experts_left.exit_code, 2) << experts_left.output;
   EXPECT_NE(experts_left.output.find("parallel.ep = 3: must divide model.n_routed_experts = 256"), std::string::npos)

@@ -187,9 +187,10 @@ TEST(ExpertParallel, RefusesLayoutsThatDoNotDivide) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {2, {"--parallel.ep", "4"}, "must divide parallel.dp = 2"},
+      {2, {"--parallel.ep", "4"}, "must divide parallel.tp × cp × dp = 2"},
       {3, {"--parallel.ep", "3"}, "must divide model.n_routed_experts = 8"},
-      {2, {"--parallel.ep", "2", "--model.n_routed_experts", "0", "--model.n_shared_experts", "0"},
+      {2,
+       {"--parallel.ep", "2", "--model.n_routed_experts", "0", "--model.n_shared_experts", "0"},
        "the model has no routed experts"}};
   for (const Case& c : cases) {
     RunOutput run = train_v3(c.ranks, scratch_dir("ep-refused"), c.options);

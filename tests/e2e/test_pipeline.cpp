@@ -173,18 +173,23 @@ TEST(Pipeline, ImpossibleLayoutsAreConfigurationErrors) {
   std::vector<Case> cases = {
       {2, {"--parallel.pp", "2", "--model.num_layers", "1"}, "more pipeline stages"},
       {2, {"--parallel.pp", "2", "--parallel.virtual_stages", "2"}, "parallel.virtual_stages = 2"},
-      {2, {"--parallel.pp", "2", "--parallel.schedule", "interleaved", "--parallel.virtual_stages", "2",
-           "--train.grad_accum", "3"}, "train.grad_accum = 3"},
+      {2,
+       {"--parallel.pp", "2", "--parallel.schedule", "interleaved", "--parallel.virtual_stages", "2",
+        "--train.grad_accum", "3"},
+       "train.grad_accum = 3"},
       {2, {"--parallel.pp", "2", "--parallel.stage_layers", "2,1"}, "parallel.stage_layers = 2,1"},
       {2, {"--parallel.pp", "2", "--parallel.stage_layers", "1;1"}, "parallel.stage_layers = 1;1"},
       {2, {"--parallel.schedule", "zero-bubble"}, "parallel.schedule = zero-bubble"},
-      {2, {"--parallel.pp", "2", "--parallel.schedule", "zbv", "--parallel.virtual_stages", "1"},
+      {2,
+       {"--parallel.pp", "2", "--parallel.schedule", "zbv", "--parallel.virtual_stages", "1"},
        "parallel.virtual_stages = 1"},
       // (its default, 0, gives zbv its 2 chunks: 4 virtual stages, more than tiny.ini's 2 layers)
       {2, {"--parallel.pp", "2", "--parallel.schedule", "zbv"}, "parallel.pp × parallel.virtual_stages = 4"},
-      {2, {"--parallel.pp", "2", "--parallel.schedule", "dualpipev", "--parallel.virtual_stages", "2",
-           "--train.grad_accum", "3"}, "train.grad_accum = 3"},
-      {3, {"--parallel.pp", "2"}, "parallel.pp = 2: must divide the number of ranks (3)"},
+      {2,
+       {"--parallel.pp", "2", "--parallel.schedule", "dualpipev", "--parallel.virtual_stages", "2",
+        "--train.grad_accum", "3"},
+       "train.grad_accum = 3"},
+      {3, {"--parallel.pp", "2"}, "parallel.pp = 2: tp × cp × pp = 2 must divide the number of ranks (3)"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--train.device", "cpu"};

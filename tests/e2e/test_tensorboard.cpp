@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "dstrain/train/tensorboard.h"
+#include "dstrain/report/tensorboard.h"
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;

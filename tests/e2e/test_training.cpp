@@ -131,7 +131,8 @@ TEST(Training, RunDirectoryHoldsEffectiveConfigMetricsAndSummary) {
 
   // config.ini records the resolved layout and reads back as a configuration.
   const std::string text = read_text(dir + "/nested/run/config.ini");
-  EXPECT_NE(text.find("[parallel]\ndp = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[parallel]\ntp = 1\ncp = 1\ndp = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\norder = tp-cp-ep-dp-pp\n"), std::string::npos) << text;
   std::string again = scratch_dir("rundir-again");
   RunOutput rerun = run_dstrain(2, {"train", "--config", dir + "/nested/run/config.ini", "--run.dir", again});
   ASSERT_EQ(rerun.exit_code, 0) << rerun.output;
@@ -202,7 +203,9 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
     std::string expected;
   };
   std::vector<Case> cases = {
-      {2, {"--parallel.dp", "3"}, "parallel.dp = 3: dp × pp = 3 × 1 = 3 must equal the number of ranks (2)"},
+      {2,
+       {"--parallel.dp", "3"},
+       "parallel.dp = 3: tp × cp × dp × pp = 1 × 1 × 3 × 1 = 3 must equal the number of ranks (2)"},
       {2, {"--model.num_heads", "3"}, "model.num_heads = 3: must divide model.hidden_size (32)"},
       {2, {"--train.global_batch", "6"}, "train.global_batch = 6: must be a multiple of"},
       {0, {"--data.train", dir + "/missing.h5"}, "data.train = " + dir + "/missing.h5: no such file"},
@@ -213,7 +216,9 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
       // Read by every rank before MPI starts, reported by one.
       {2, {"--train.stpes", "5"}, "unrecognised option '--train.stpes'"},
       // The checkpoint directory is run.dir's unless ckpt.dir says otherwise: the message names run.dir.
-      {0, {"--run.dir", dir + "/a-file/run"}, "run.dir = " + dir + "/a-file/run: cannot create " + dir + "/a-file/run/checkpoints"},
+      {0,
+       {"--run.dir", dir + "/a-file/run"},
+       "run.dir = " + dir + "/a-file/run: cannot create " + dir + "/a-file/run/checkpoints"},
       {0, {"--train.steps", "many"}, "train.steps = many: expected an integer"},
       {0, {"--train.seq_len", "100"}, "train.seq_len = 100: longer than model.max_seq_len = 64"},
       // An INI file without --config would otherwise be ignored, and the defaults trained.

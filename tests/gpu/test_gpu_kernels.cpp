@@ -203,9 +203,10 @@ TEST_F(GpuKernels, GroupedExpertProductsEqualTheLoopInFp64) {
   ASSERT_TRUE(grouped_matmul_applies(x, w.transpose(1, 2)));     // forward
   const torch::Tensor grad_out = upstream.to(torch::kCUDA, bf16);
   ASSERT_TRUE(grouped_matmul_applies(grad_out.t(), x.detach()));  // the weight gradient's
-  torch::Tensor got = grouped_projection(x, w, counts);
+  GroupedMatmul grouped;
+  torch::Tensor got = grouped_projection(x, w, counts, &grouped);
   got.backward(grad_out);
-  EXPECT_TRUE(grouped_matmul_available()) << "a grouped product failed, and the loop computed instead";
+  EXPECT_FALSE(grouped.refused()) << "a grouped product failed, and the loop computed instead";
 
   torch::Tensor x64 = rounded(input, bf16).requires_grad_(), w64 = rounded(weights, bf16).requires_grad_();
   torch::Tensor expected = grouped_projection(x64, w64, counts);  // on the CPU: the loop

@@ -16,15 +16,15 @@ using namespace dstrain;
 
 namespace {
 
-struct Backend {
+struct TestBackend {
   std::string kind;
   torch::Device device = torch::kCPU;
   std::unique_ptr<Communicator> comm;
   std::string unavailable;  // why this machine cannot run it (the tests are then skipped)
 };
 
-Backend make_backend() {
-  Backend b;
+TestBackend make_backend() {
+  TestBackend b;
   const char* env = std::getenv("DSTRAIN_TEST_BACKEND");
   b.kind = env ? env : "mpi";
   int size = 1;
@@ -34,7 +34,7 @@ Backend make_backend() {
       b.unavailable = "no GPU";
       return b;
     }
-    b.device = place_rank("cuda").device;
+    b.device = place_rank(DeviceRequest::kCuda).device;
   }
   if (b.kind == "nccl") {
 #ifdef DSTRAIN_WITH_NCCL
@@ -55,8 +55,8 @@ Backend make_backend() {
   return b;
 }
 
-Backend& backend() {
-  static Backend b = make_backend();
+TestBackend& backend() {
+  static TestBackend b = make_backend();
   return b;
 }
 
@@ -274,62 +274,42 @@ TEST(Communicator, ResultIsOrderedBeforeTheCallersNextKernel) {
   EXPECT_DOUBLE_EQ(total.item<double>(), static_cast<double>(1 << 22) * size * (size + 1) / 2);
 }
 
-TEST(ParallelContext, GroupsMatchTheRankGrid) {
+// Every kind of group is a communicator over the ranks the grid names, each member at its place,
+// for the layouts these ranks allow (pp 1 or 2, ep 1 or 2, two orders); kinds with the same
+// groups share one communicator.
+TEST(ParallelContext, EveryGroupIsTheGridsGroup) {
   REQUIRE_BACKEND();
   const int size = world().size(), rank = world().rank();
-  const std::string group_backend = backend().kind == "nccl" ? "nccl" : "mpi";
-  for (int pp : {1, 2}) {
-    if (size % pp != 0) continue;
-    RankGrid grid(size, size / pp, pp);
-    ParallelContext ctx = ParallelContext::create(grid, group_backend, backend().device);
-    EXPECT_EQ(ctx.dp_group->backend(), group_backend);
-    EXPECT_EQ(ctx.dp_group->size(), size / pp);
-    EXPECT_EQ(ctx.pp_group->size(), pp);
-    EXPECT_EQ(ctx.dp_group->rank(), grid.coord(rank).dp);
-    EXPECT_EQ(ctx.pp_group->rank(), grid.coord(rank).pp);
-    // Summing world ranks over each group gives the sum of the members the grid names.
-    torch::Tensor dp_sum = on_device(torch::tensor({static_cast<int64_t>(rank)}));
-    ctx.dp_group->all_reduce(dp_sum, ReduceOp::kSum);
-    int64_t expected = 0;
-    for (int member : grid.dp_group(rank)) expected += member;
-    EXPECT_EQ(dp_sum.item<int64_t>(), expected);
-    torch::Tensor pp_sum = on_device(torch::tensor({static_cast<int64_t>(rank)}));
-    ctx.pp_group->all_reduce(pp_sum, ReduceOp::kSum);
-    expected = 0;
-    for (int member : grid.pp_group(rank)) expected += member;
-    EXPECT_EQ(pp_sum.item<int64_t>(), expected);
-  }
-}
-
-// ep groups are runs of consecutive data shards; expert-data groups take one member of each.
-TEST(ParallelContext, ExpertGroupsSplitTheDataParallelGroup) {
-  REQUIRE_BACKEND();
-  const int size = world().size(), rank = world().rank();
-  const std::string group_backend = backend().kind == "nccl" ? "nccl" : "mpi";
-  RankGrid grid(size, size, 1);
-  ParallelContext plain = ParallelContext::create(grid, group_backend, backend().device);
-  EXPECT_FALSE(plain.ep_group || plain.expert_dp_group);
-  if (size == 1) return;  // (not a skip: that would mark this whole binary's run skipped)
-  const int ep = size % 2 == 0 ? 2 : size;
-  ParallelContext ctx = ParallelContext::create(grid, group_backend, backend().device, 600, ep);
-  ASSERT_TRUE(ctx.ep_group && ctx.expert_dp_group);
-  EXPECT_EQ(ctx.ep_group->size(), ep);
-  EXPECT_EQ(ctx.ep_group->rank(), rank % ep);
-  EXPECT_EQ(ctx.ep_rank(), rank % ep);
-  EXPECT_EQ(ctx.expert_dp_group->size(), size / ep);
-  EXPECT_EQ(ctx.expert_dp_group->rank(), rank / ep);
-  auto group_sum = [&](Communicator& group) {
-    torch::Tensor sum = on_device(torch::tensor({static_cast<int64_t>(rank)}));
-    group.all_reduce(sum, ReduceOp::kSum);
-    return sum.item<int64_t>();
-  };
-  int64_t ep_members = 0, expert_dp_members = 0;
-  for (int member = 0; member < size; ++member) {
-    if (member / ep == rank / ep) ep_members += member;
-    if (member % ep == rank % ep) expert_dp_members += member;
-  }
-  EXPECT_EQ(group_sum(*ctx.ep_group), ep_members);
-  EXPECT_EQ(group_sum(*ctx.expert_dp_group), expert_dp_members);
+  const Backend group_backend = backend().kind == "nccl" ? Backend::kNccl : Backend::kMpi;
+  for (int pp : {1, 2})
+    for (int ep : {1, 2})
+      for (const char* order : {"tp-cp-ep-dp-pp", "pp-dp"}) {
+        if (size % pp != 0 || (size / pp) % ep != 0) continue;
+        ParallelConfig layout;
+        layout.dp = size / pp;
+        layout.pp = pp;
+        layout.ep = ep;
+        layout.order = order;
+        const ParallelGrid grid(layout);
+        const ParallelContext ctx = ParallelContext::create(grid, group_backend, backend().device);
+        const std::string where = std::string(order) + " pp " + std::to_string(pp) + " ep " + std::to_string(ep);
+        for (Group kind : every_group()) {
+          Communicator& group = ctx.group(kind);
+          const std::string what = where + ", group " + name_of(group_names(), kind);
+          EXPECT_EQ(group.backend(), group_backend) << what;
+          EXPECT_EQ(group.size(), grid.size(kind)) << what;
+          EXPECT_EQ(group.rank(), grid.rank_in(kind, rank)) << what;
+          // Summing world ranks over the group gives the sum of the members the grid names.
+          torch::Tensor sum = on_device(torch::tensor({static_cast<int64_t>(rank)}));
+          group.all_reduce(sum, ReduceOp::kSum);
+          int64_t expected = 0;
+          for (int member : grid.members(kind, rank)) expected += member;
+          EXPECT_EQ(sum.item<int64_t>(), expected) << what;
+        }
+        EXPECT_EQ(&ctx.group(Group::kDpCp), &ctx.group(Group::kDp)) << where << ": cp = 1";
+        EXPECT_EQ(&ctx.group(Group::kEdp) == &ctx.group(Group::kDp), ep == 1) << where;
+        EXPECT_EQ(ctx.expert_lanes().main(), &ctx.group(Group::kEp));
+      }
 }
 
 TEST(ParallelContext, FailureAgreementNamesTheLowestFailingRank) {

@@ -52,12 +52,15 @@ TEST_F(ConfigTest, ChunksPerStageFollowTheScheduleUnlessGiven) {
            {"1f1b", 1}, {"gpipe", 1}, {"zb-h1", 1}, {"interleaved", 2}, {"zbv", 2}, {"dualpipev", 2}}) {
     Options options = parse({"--parallel.pp", "2", "--parallel.schedule", schedule, "--train.grad_accum", "4",
                              "--model.num_layers", "8"});
-    EXPECT_EQ(read_train_config(options, 2).parallel.virtual_stages, chunks) << schedule;
+    EXPECT_EQ(read_train_config(options, 2).pipeline.virtual_stages, chunks) << schedule;
     const std::string recorded = "virtual_stages = " + std::to_string(chunks) + "\n";
     EXPECT_NE(options.to_ini().find(recorded), std::string::npos) << schedule;
   }
   EXPECT_EQ(read({"--parallel.pp", "2", "--parallel.schedule", "interleaved", "--parallel.virtual_stages", "4",
-                  "--train.grad_accum", "4", "--model.num_layers", "8"}, 2).parallel.virtual_stages, 4);
+                  "--train.grad_accum", "4", "--model.num_layers", "8"},
+                 2)
+                .pipeline.virtual_stages,
+            4);
   expect_error([&] { read({"--parallel.pp", "2", "--parallel.schedule", "zbv", "--parallel.virtual_stages", "1"}, 2); },
                ExitCode::kUsage, {"parallel.virtual_stages = 1", "two chunks per stage in a V"});
 }
@@ -69,7 +72,8 @@ TEST_F(ConfigTest, DerivedValuesAreResolvedAndRecorded) {
   EXPECT_EQ(c.loop.grad_accum, 2);  // 12 / (3 × 2)
   EXPECT_EQ(c.optim.decay_steps, 7);
   std::string ini = options.to_ini();
-  EXPECT_NE(ini.find("[parallel]\ndp = 2\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("[parallel]\ntp = 1\ncp = 1\ndp = 2\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("order = tp-cp-ep-dp-pp\n"), std::string::npos) << ini;  // completed
   EXPECT_NE(ini.find("grad_accum = 2\n"), std::string::npos) << ini;
 
   // The written configuration reads back to the same values.

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "dstrain/core/crc32c.h"
-#include "dstrain/train/event_file.h"
-#include "dstrain/train/tensorboard.h"
+#include "dstrain/report/event_file.h"
+#include "dstrain/report/tensorboard.h"
 
 using namespace dstrain;
 

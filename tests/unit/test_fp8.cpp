@@ -7,7 +7,7 @@
 #include <random>
 
 #include "dstrain/ckpt/fp8_blocks.h"
-#include "dstrain/ckpt/fp8_e4m3.h"
+#include "dstrain/core/fp8_e4m3.h"
 #include "test_util.h"
 
 using namespace dstrain;

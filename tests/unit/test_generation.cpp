@@ -63,12 +63,12 @@ ModelConfig latent_moe_config(int64_t q_lora_rank) {
   c.routed_scaling_factor = 2.5;
   c.aux_loss_alpha = 0.001;
   if (q_lora_rank > 0) {
-    c.scoring_func = "sigmoid";
-    c.topk_method = "noaux_tc";
+    c.scoring_func = dstrain::ScoringFunction::kSigmoid;
+    c.topk_method = dstrain::TopkMethod::kNoauxTc;
     c.norm_topk_prob = true;
   } else {
-    c.scoring_func = "softmax";
-    c.topk_method = "group_limited_greedy";
+    c.scoring_func = dstrain::ScoringFunction::kSoftmax;
+    c.topk_method = dstrain::TopkMethod::kGroupLimitedGreedy;
   }
   return c;
 }

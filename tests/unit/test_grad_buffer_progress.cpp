@@ -38,7 +38,7 @@ class PolledGroup : public Communicator {
   PolledGroup(int polls_needed, Ledger& ledger) : polls_needed_(polls_needed), ledger_(ledger) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
-  std::string backend() const override { return "polled"; }
+  Backend backend() const override { return Backend::kMpi; }  // (polled, as MPI's)
   void all_reduce(torch::Tensor&, ReduceOp) override {}
   std::unique_ptr<Work> all_reduce_async(torch::Tensor&, ReduceOp) override {
     ++ledger_.started;

@@ -11,7 +11,7 @@
 
 #include "dstrain/ckpt/expert_layout.h"
 #include "dstrain/core/torch_compat.h"
-#include "dstrain/core/weight_gradient_store.h"
+#include "dstrain/pipeline/weight_gradient_store.h"
 #include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/grouped_projection.h"
@@ -75,11 +75,11 @@ TEST(GroupedProjection, DefersTheWeightGradientToTheWAction) {
   weights.mutable_grad().reset();
 
   torch::Tensor again = e.rows.clone().requires_grad_(true), out;
-  {
-    WeightGradientStore::Deferral deferral;
-    out = grouped_projection(again, weights, e.counts);
-  }
   WeightGradientStore store;
+  {
+    WeightGradientStore::Deferral deferral(store);
+    out = grouped_projection(again, weights, e.counts, nullptr, &store);
+  }
   store.collect({0, 0}, [&] { out.backward(e.upstream); });
   expect_bitwise(again.grad(), rows_grad, "rows' gradient after B");
   EXPECT_FALSE(weights.grad().defined()) << "B computed the weights' gradient";
@@ -89,10 +89,12 @@ TEST(GroupedProjection, DefersTheWeightGradientToTheWAction) {
 
 // LibTorch's grouped kernel is for CUDA bf16 (tests/gpu checks it there): the CPU loops.
 TEST(GroupedProjection, OnTheCpuTheExpertsLoop) {
-  EXPECT_EQ(grouped_matmul_available(), DSTRAIN_TORCH_AT_LEAST(2, 8));
+  EXPECT_EQ(grouped_matmul_built(), DSTRAIN_TORCH_AT_LEAST(2, 8));
   const torch::Tensor a = torch::randn({16, 8}, torch::kBFloat16), b = torch::randn({2, 8, 8}, torch::kBFloat16);
   EXPECT_FALSE(grouped_matmul_applies(a, b));
-  EXPECT_FALSE(grouped_matmul(a, b, {8, 8}).defined());
+  GroupedMatmul grouped;
+  EXPECT_FALSE(grouped(a, b, {8, 8}).defined());
+  EXPECT_FALSE(grouped.refused()) << "a product that does not apply is no refusal";
 }
 
 TEST(GroupedProjection, RefusesRowsThatDoNotMatchTheCounts) {
@@ -130,7 +132,12 @@ TEST(GroupedExperts, ModelParametersAreNamedPerExpertAndHeldStacked) {
   c.n_routed_experts = 8;
   c.num_experts_per_tok = 2;
   c.moe_intermediate_size = 4;
-  MoE moe(c, ExpertShard{1, 2});
+  struct SecondHalf : LocalExpertExchange {  // (naming needs no exchange of rows)
+    ExpertShard shard() const override { return {1, 2}; }
+  } half;
+  ComputeOptions options;
+  options.expert_exchange = &half;
+  MoE moe(c, options);
   std::map<std::string, std::vector<int64_t>> named, held;
   for (const auto& [name, p] : sorted_parameters(*moe)) named[name] = p.sizes().vec();
   for (const auto& [name, p] : module_parameters(*moe)) held[name] = p.sizes().vec();

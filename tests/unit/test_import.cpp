@@ -118,7 +118,7 @@ TEST(Import, LlmcShardsReadBackAsTheirDocuments) {
   write_llmc(dir.path("s0.bin"), std::vector<uint32_t>(stream.begin(), stream.begin() + cut), 1);
   write_llmc(dir.path("s1.bin"), std::vector<uint32_t>(stream.begin() + cut, stream.end()), 1);
   ImportOptions options;
-  options.format = "llmc";
+  options.format = ImportFormat::kLlmc;
   options.inputs = {dir.path("s0.bin"), dir.path("s1.bin")};
   options.output = dir.path("c.h5");
   CorpusInfo info = import_corpus(options);
@@ -151,7 +151,7 @@ TEST(Import, MegatronDatasetsReadBackAsTheirDocuments) {
   write_megatron(dir.path("u16"), docs, 8, 2, 1);
   write_megatron(dir.path("i32"), docs, 4, 4, 3);  // int32, documents of 3 sequences
   ImportOptions options;
-  options.format = "megatron";
+  options.format = ImportFormat::kMegatron;
   options.output = dir.path("c.h5");
   options.inputs = {dir.path("u16")};
   expect_error([&] { import_corpus(options); }, ExitCode::kUsage, {"--eod-id", "does not record"});
@@ -182,7 +182,7 @@ TEST(Import, MegatronDatasetsReadBackAsTheirDocuments) {
 TEST(Import, DamagedInputsNameTheFileAndTheField) {
   TempDir dir;
   ImportOptions options;
-  options.format = "llmc";
+  options.format = ImportFormat::kLlmc;
   options.output = dir.path("c.h5");
   write_llmc(dir.path("ok.bin"), {50256, 1, 2, 3}, 1);
   write_llmc(dir.path("short.bin"), {50256, 1, 2, 3}, 1);
@@ -202,7 +202,7 @@ TEST(Import, DamagedInputsNameTheFileAndTheField) {
   options.inputs = {dir.path("big.bin")};
   expect_error([&] { import_corpus(options); }, ExitCode::kData, {"big.bin", "token 200 at position 2", "--vocab-size 100"});
 
-  options.format = "megatron";
+  options.format = ImportFormat::kMegatron;
   options.eod_id = 0;
   options.vocab_size = 1000;
   write_megatron(dir.path("m"), {{1, 2, 3}, {4, 5}}, 8, 2, 1);
@@ -215,8 +215,7 @@ TEST(Import, DamagedInputsNameTheFileAndTheField) {
   write_megatron(dir.path("f"), {{1, 2}}, 7, 4, 1);  // float32
   options.inputs = {dir.path("f")};
   expect_error([&] { import_corpus(options); }, ExitCode::kData, {"f.idx", "dtype code 7"});
-  options.format = "parquet";
-  expect_error([&] { import_corpus(options); }, ExitCode::kUsage, {"--format", "parquet", "llmc"});
+  expect_error([&] { import_format_named("parquet"); }, ExitCode::kUsage, {"--format", "parquet", "llmc"});
   expect_error([&] { inspect_corpus(dir.path("text.bin"), 0); }, ExitCode::kData, {"text.bin", "not a corpus"});
   expect_error([&] { inspect_corpus(dir.path("none.h5"), 0); }, ExitCode::kData, {"none.h5", "no such file"});
   EXPECT_FALSE(std::ifstream(dir.path("c.h5")).good()) << "no corpus from failed imports";

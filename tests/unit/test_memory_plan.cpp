@@ -1,6 +1,6 @@
 // The memory `dstrain model info` plans per rank, against counts made by hand from the
 // configuration: with expert parallelism each rank holds 1/ep of the routed experts, and ZeRO-1
-// shards their optimizer state over the dp / ep ranks that hold the same ones.
+// shards their optimizer state over the edp ranks that hold the same ones (dp / ep of them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +48,7 @@ double stage_peak(const TrainConfig& c, int stage, double before_b, double befor
   o.micro_batch = c.loop.micro_batch;
   o.seq_len = c.loop.seq_len;
   o.element_bytes = 2;
-  o.recompute = {recompute_named(c.loop.recompute), 0};
+  o.recompute = {c.loop.recompute, 0};
   o.micro_batches_in_flight = before_b;
   o.micro_batches_awaiting_weights = before_w;
   o.forward_ended = (moment & kForwardEnded) != 0;
@@ -99,7 +99,7 @@ TEST(MemoryPlan, TheTokenExchangeAddsTheReceivedCopiesToTheActivations) {
   const double added = 3 * 2 * (2 * 32) * 2.0 * (2 * 32);
   const MemoryPlan local = plan_memory(tiny_v3(8, 1, 0), {}), exchanged = plan_memory(tiny_v3(8, 4, 0), {});
   EXPECT_DOUBLE_EQ(exchanged.activations - local.activations, added);
-  EXPECT_DOUBLE_EQ(exchanged.activations_by_recompute.at("none"), exchanged.activations);
+  EXPECT_DOUBLE_EQ(exchanged.activations_by_recompute.at(Recompute::kNone), exchanged.activations);
   // Fused attention keeps no score matrix, with or without the exchange.
   const FusedOperations attention{/*attention=*/true};
   EXPECT_DOUBLE_EQ(plan_memory(tiny_v3(8, 4, 0), attention).activations -

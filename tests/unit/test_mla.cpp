@@ -130,8 +130,8 @@ TEST(MultiHeadLatentAttention, DeepSeekV3ShapedModelHasHuggingFaceNames) {
   c.n_shared_experts = 1;
   c.moe_intermediate_size = 8;
   c.num_experts_per_tok = 2;
-  c.topk_method = "noaux_tc";
-  c.scoring_func = "sigmoid";
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.scoring_func = ScoringFunction::kSigmoid;
   c.first_k_dense_replace = 1;
   CausalLM model(c, LayerSlice::whole(c));
   std::map<std::string, std::vector<int64_t>> shapes;

@@ -17,6 +17,15 @@ using namespace dstrain;
 
 namespace {
 
+// The value an option of this name reads as.
+template <typename Enum>
+Enum named(const EnumNames<Enum>& names, const std::string& name) {
+  for (const auto& [text, value] : names)
+    if (text == name) return value;
+  ADD_FAILURE() << "no value named " << name;
+  return names.front().second;
+}
+
 ModelConfig moe_config(const std::string& scoring, const std::string& method, int64_t groups, int64_t topk_group) {
   ModelConfig c;
   c.hidden_size = 12;
@@ -24,8 +33,8 @@ ModelConfig moe_config(const std::string& scoring, const std::string& method, in
   c.n_shared_experts = 1;
   c.moe_intermediate_size = 6;
   c.num_experts_per_tok = 2;
-  c.scoring_func = scoring;
-  c.topk_method = method;
+  c.scoring_func = named(scoring_function_names(), scoring);
+  c.topk_method = named(topk_method_names(), method);
   c.n_group = groups;
   c.topk_group = topk_group;
   c.norm_topk_prob = scoring == "sigmoid";
@@ -48,17 +57,18 @@ std::map<int64_t, double> direct_choice(const std::vector<double>& logits, const
   double total = 0;
   for (size_t i = 0; i < E; ++i) total += std::exp(logits[i]);
   for (size_t i = 0; i < E; ++i) {
-    score[i] = c.scoring_func == "sigmoid" ? 1 / (1 + std::exp(-logits[i])) : std::exp(logits[i]) / total;
+    score[i] =
+        c.scoring_func == ScoringFunction::kSigmoid ? 1 / (1 + std::exp(-logits[i])) : std::exp(logits[i]) / total;
     choice[i] = score[i] + (bias.empty() ? 0.0 : bias[i]);
   }
   const size_t per_group = E / static_cast<size_t>(c.n_group);
   std::vector<bool> allowed(E, true);
-  if (c.n_group > 1 && c.topk_method != "greedy") {
+  if (c.n_group > 1 && c.topk_method != TopkMethod::kGreedy) {
     std::vector<std::pair<double, size_t>> groups;
     for (size_t g = 0; g < static_cast<size_t>(c.n_group); ++g) {
       std::vector<double> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
       std::sort(members.rbegin(), members.rend());
-      groups.push_back({c.topk_method == "noaux_tc" ? members[0] + members[1] : members[0], g});
+      groups.push_back({c.topk_method == TopkMethod::kNoauxTc ? members[0] + members[1] : members[0], g});
     }
     std::sort(groups.rbegin(), groups.rend());
     std::fill(allowed.begin(), allowed.end(), false);
@@ -113,10 +123,10 @@ TEST(MoE, GroupsChangeTheChoice) {
   torch::Tensor logits = torch::tensor({{3.0f, -3.0f, 2.0f, 1.9f, -1.0f, -1.0f, -2.0f, -2.0f}});
   ModelConfig c = moe_config("softmax", "greedy", 4, 1);
   EXPECT_EQ(chosen(route_tokens(logits, {}, c), 0), (std::set<int64_t>{0, 2}));
-  c.topk_method = "group_limited_greedy";
+  c.topk_method = TopkMethod::kGroupLimitedGreedy;
   EXPECT_EQ(chosen(route_tokens(logits, {}, c), 0), (std::set<int64_t>{0, 1}));
-  c.topk_method = "noaux_tc";
-  c.scoring_func = "sigmoid";
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.scoring_func = ScoringFunction::kSigmoid;
   c.norm_topk_prob = true;
   EXPECT_EQ(chosen(route_tokens(logits, {}, c), 0), (std::set<int64_t>{2, 3}));
   // The bias steers the choice, not the weights.

@@ -16,7 +16,7 @@ class NoPeers : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string backend() const override { return "none"; }
+  Backend backend() const override { return Backend::kMpi; }
   void all_reduce(torch::Tensor&, ReduceOp) override { fail(); }
   std::unique_ptr<Work> all_reduce_async(torch::Tensor&, ReduceOp) override { fail(); }
   bool callable_from_any_thread() const override { return true; }
@@ -73,9 +73,10 @@ TEST(PipelineStage, ExecutorSumsNamedLossesAndScalesTheBackwardPass) {
   ToyStage stage;
   NoPeers peers;
   const int micro_batches = 3;
+  WeightGradientStore weight_gradients;
   PipelineExecutor executor(make_schedule(ScheduleKind::kOneFOneB, 1, 1, micro_batches),
-                            make_schedule(ScheduleKind::kForwardOnly, 1, 1, micro_batches), 0, stage, peers,
-                            ActivationShape{2, 4, torch::kFloat32, torch::kCPU});
+                            make_schedule(ScheduleKind::kForwardOnly, 1, 1, micro_batches), 0, stage, weight_gradients,
+                            peers, ActivationShape{2, 4, torch::kFloat32, torch::kCPU});
   std::vector<torch::Tensor> batches;
   for (int i = 0; i < micro_batches; ++i) batches.push_back(torch::randint(0, 9, {2, 5}, torch::kInt64));
   const double divisor = micro_batches;

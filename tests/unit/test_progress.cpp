@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "dstrain/train/progress.h"
+#include "dstrain/report/progress.h"
 
 using namespace dstrain;
 

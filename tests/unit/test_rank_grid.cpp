@@ -1,129 +1,20 @@
+// One grid of any number of named dimensions (parallel/rank_grid.h) against the grid written out
+// by counting: every rank's coordinates and groups, in any order of unequal sizes; and the orders
+// and sizes it refuses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <set>
-#include <sstream>
 
 #include "dstrain/core/error.h"
 #include "dstrain/parallel/rank_grid.h"
+#include "grid_counting.h"
 
 using namespace dstrain;
-
-TEST(RankGrid, DpInnermostPutsDataParallelGroupsOnConsecutiveRanks) {
-  RankGrid grid(8, 4, 2);  // default order dp-pp
-  // Ranks 0-3 are stage 0 (data shards 0-3), ranks 4-7 stage 1.
-  for (int rank = 0; rank < 8; ++rank) {
-    EXPECT_EQ(grid.coord(rank).dp, rank % 4);
-    EXPECT_EQ(grid.coord(rank).pp, rank / 4);
-  }
-  EXPECT_EQ(grid.dp_group(5), (std::vector<int>{4, 5, 6, 7}));
-  EXPECT_EQ(grid.pp_group(5), (std::vector<int>{1, 5}));
-}
-
-TEST(RankGrid, PpInnermostOrder) {
-  RankGrid grid(6, 3, 2, "pp-dp");
-  EXPECT_EQ(grid.coord(1).pp, 1);
-  EXPECT_EQ(grid.coord(1).dp, 0);
-  EXPECT_EQ(grid.pp_group(2), (std::vector<int>{2, 3}));
-  EXPECT_EQ(grid.dp_group(3), (std::vector<int>{1, 3, 5}));
-}
-
-TEST(RankGrid, GroupsPartitionTheWorldForManyShapes) {
-  for (const char* order : {"dp-pp", "pp-dp"}) {
-    for (int dp : {1, 2, 3, 4}) {
-      for (int pp : {1, 2, 4}) {
-        RankGrid grid(dp * pp, dp, pp, order);
-        std::set<std::pair<int, int>> coords;
-        for (int rank = 0; rank < dp * pp; ++rank) {
-          GridCoord c = grid.coord(rank);
-          EXPECT_EQ(grid.rank_of(c), rank);
-          coords.insert({c.dp, c.pp});
-          // Every member of my DP group shares my stage and has the DP index of its position.
-          std::vector<int> dp_members = grid.dp_group(rank);
-          ASSERT_EQ(static_cast<int>(dp_members.size()), dp);
-          for (int d = 0; d < dp; ++d) {
-            EXPECT_EQ(grid.coord(dp_members[d]).pp, c.pp);
-            EXPECT_EQ(grid.coord(dp_members[d]).dp, d);
-          }
-          std::vector<int> pp_members = grid.pp_group(rank);
-          ASSERT_EQ(static_cast<int>(pp_members.size()), pp);
-          for (int p = 0; p < pp; ++p) {
-            EXPECT_EQ(grid.coord(pp_members[p]).dp, c.dp);
-            EXPECT_EQ(grid.coord(pp_members[p]).pp, p);
-          }
-        }
-        EXPECT_EQ(static_cast<int>(coords.size()), dp * pp) << order << " dp " << dp << " pp " << pp;
-      }
-    }
-  }
-}
-
-TEST(RankGrid, RefusesGridsThatDoNotFillTheWorld) {
-  try {
-    RankGrid grid(4, 3, 1);
-    FAIL() << "3 × 1 ranks accepted for a world of 4";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kUsage);
-    EXPECT_NE(std::string(e.what()).find("parallel.dp"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("number of ranks (4)"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(RankGrid(4, 2, 2, "tp-dp"), Error);
-}
-
-// ---- Grids of any number of named dimensions ----
+using namespace dstrain::test;
 
 namespace {
-
-using Coordinates = std::map<std::string, int>;
-
-// The grid written out by counting, without strides or division: rank r is the r-th coordinate
-// tuple when the first (innermost) dimension runs fastest, like the digits of an odometer.
-std::vector<Coordinates> count_out(const std::vector<std::pair<std::string, int>>& dimensions) {
-  std::vector<Coordinates> table;
-  Coordinates c;
-  for (const auto& [name, size] : dimensions) c[name] = 0;
-  for (bool more = true; more;) {
-    table.push_back(c);
-    more = false;
-    for (const auto& [name, size] : dimensions) {
-      if (++c[name] < size) {
-        more = true;
-        break;
-      }
-      c[name] = 0;  // carry into the next dimension outwards
-    }
-  }
-  return table;
-}
-
-std::vector<std::string> split(const std::string& names) {
-  std::vector<std::string> out;
-  std::stringstream in(names);
-  for (std::string name; std::getline(in, name, '-');) out.push_back(name);
-  return out;
-}
-
-// The group by its definition: the ranks whose coordinates off the named dimensions equal mine,
-// sorted by their coordinates along the named ones, the last-named most significant.
-std::vector<int> expected_group(const std::vector<Coordinates>& table, int rank, const std::string& names) {
-  const std::vector<std::string> named = split(names);
-  auto is_named = [&](const std::string& d) { return std::find(named.begin(), named.end(), d) != named.end(); };
-  std::vector<std::pair<std::vector<int>, int>> keyed;  // (coordinates, last-named first; rank)
-  for (int other = 0; other < static_cast<int>(table.size()); ++other) {
-    bool same = true;
-    for (const auto& [d, value] : table[rank]) same = same && (is_named(d) || table[other].at(d) == value);
-    if (!same) continue;
-    std::vector<int> key;
-    for (auto d = named.rbegin(); d != named.rend(); ++d) key.push_back(table[other].at(*d));
-    keyed.push_back({key, other});
-  }
-  std::sort(keyed.begin(), keyed.end());
-  std::vector<int> members;
-  for (const auto& entry : keyed) members.push_back(entry.second);
-  return members;
-}
 
 // Every rank's coordinates and groups against the counted table, and each dimension set's groups
 // partition the world, in order of their lowest rank.
@@ -174,8 +65,8 @@ TEST(RankGrid, ThreeDimensionsEpDpPp) {
   EXPECT_EQ(grid.dimensions(), (std::vector<std::string>{"ep", "dp", "pp"}));
   EXPECT_EQ(grid.order(), "ep-dp-pp");
   EXPECT_EQ(grid.world(), 12);
-  EXPECT_EQ(grid.dp(), 3);
-  EXPECT_EQ(grid.pp(), 2);
+  EXPECT_EQ(grid.size("dp"), 3);
+  EXPECT_EQ(grid.size("pp"), 2);
   EXPECT_EQ(grid.size("tp"), 1);  // not in the grid
   // Strides ep 1, dp 2 (= ep), pp 6 (= ep × dp): rank = ep + 2 dp + 6 pp.
   // Rank 7 = 1 + 2·0 + 6·1: ep 1, dp 0, pp 1.
@@ -187,8 +78,6 @@ TEST(RankGrid, ThreeDimensionsEpDpPp) {
   EXPECT_EQ(grid.group(7, "dp"), (std::vector<int>{7, 9, 11}));   // 1 + 6, + dp·2
   EXPECT_EQ(grid.group(7, "pp"), (std::vector<int>{1, 7}));       // 1, + pp·6
   EXPECT_EQ(grid.group(7, "tp"), (std::vector<int>{7}));          // not in the grid: alone
-  EXPECT_EQ(grid.dp_group(7), grid.group(7, "dp"));
-  EXPECT_EQ(grid.pp_group(7), grid.group(7, "pp"));
   // ep-dp: stage 1's six ranks 6 + ep + 2 dp, ep running fastest; dp-ep: dp running fastest.
   EXPECT_EQ(grid.group(7, "ep-dp"), (std::vector<int>{6, 7, 8, 9, 10, 11}));
   EXPECT_EQ(grid.group(7, "dp-ep"), (std::vector<int>{6, 8, 10, 7, 9, 11}));
@@ -196,9 +85,8 @@ TEST(RankGrid, ThreeDimensionsEpDpPp) {
   EXPECT_EQ(grid.group(4, "ep"), (std::vector<int>{4, 5}));
   EXPECT_EQ(grid.group(4, "dp"), (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(grid.group(4, "pp"), (std::vector<int>{4, 10}));
-  EXPECT_EQ(grid.coord(4).dp, 2);
-  EXPECT_EQ(grid.coord(4).pp, 0);
-  EXPECT_EQ(grid.rank_of({2, 1}), 10);  // ep 0
+  EXPECT_EQ(grid.coordinate(4, "dp"), 2);
+  EXPECT_EQ(grid.coordinate(4, "pp"), 0);
   EXPECT_EQ(grid.groups("ep"),
             (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}}));
   EXPECT_EQ(grid.groups("dp"), (std::vector<std::vector<int>>{{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}}));
@@ -251,24 +139,8 @@ TEST(RankGrid, UnequalSizesInAnyOrderMatchCounting) {
   RankGrid grid(30, "pp-tp-dp-ep", {{"pp", 3}, {"tp", 2}, {"dp", 5}});  // ep named, no size: 1
   EXPECT_EQ(grid.size("ep"), 1);
   check_against_counting(grid, dims, {"pp", "tp", "dp", "ep", "dp-tp", "tp-dp", "pp-dp", "ep-pp-dp"});
-  for (int rank = 0; rank < 30; ++rank) {
-    EXPECT_EQ(grid.rank_of(grid.coord(rank)) + grid.coordinate(rank, "tp") * 3, rank);  // tp's stride is pp = 3
-    EXPECT_EQ(grid.dp_group(rank), grid.group(rank, "dp"));
-    EXPECT_EQ(grid.pp_group(rank), grid.group(rank, "pp"));
-  }
-}
-
-TEST(RankGrid, TheDpPpConstructorIsTheGeneralGrid) {
-  for (const char* order : {"dp-pp", "pp-dp"}) {
-    RankGrid two(12, 4, 3, order), general(12, order, {{"dp", 4}, {"pp", 3}});
-    EXPECT_EQ(general.dp(), 4);
-    EXPECT_EQ(general.pp(), 3);
-    EXPECT_EQ(two.dimensions(), general.dimensions());
-    for (int rank = 0; rank < 12; ++rank) {
-      EXPECT_EQ(two.dp_group(rank), general.dp_group(rank));
-      EXPECT_EQ(two.pp_group(rank), general.pp_group(rank));
-    }
-  }
+  for (int rank = 0; rank < 30; ++rank)  // strides pp 1, tp 3, dp 6
+    EXPECT_EQ(grid.coordinate(rank, "pp") + 3 * grid.coordinate(rank, "tp") + 6 * grid.coordinate(rank, "dp"), rank);
 }
 
 TEST(RankGrid, RefusesBadOrdersAndSizes) {
@@ -286,11 +158,12 @@ TEST(RankGrid, RefusesBadOrdersAndSizes) {
                      "dp × ep × pp = 3 × 2 × 3 = 18 must equal the number of ranks (12)");
   expect_usage_error([] { RankGrid(8, "tp-ep", {{"tp", 2}, {"ep", 2}}); }, "parallel.tp",
                      "ep × tp = 2 × 2 = 4 must equal the number of ranks (8)");
-  // A size-1 dimension may stay out of the order; the two-dimensional grid keeps its two orders
-  // and today's message.
-  EXPECT_EQ(RankGrid(4, "dp", {{"dp", 4}, {"pp", 1}}).pp(), 1);
-  expect_usage_error([] { RankGrid(4, 2, 2, "ep-dp-pp"); }, "parallel.order", "expected dp-pp (DP innermost) or pp-dp");
-  expect_usage_error([] { RankGrid(6, 2, 2, "pp-dp"); }, "parallel.dp",
-                     "dp × pp = 2 × 2 = 4 must equal the number of ranks (6)");
-  expect_usage_error([] { RankGrid(4, 0, 4); }, "parallel.dp", "expected at least 1");
+  // A size-1 dimension may stay out of the order.
+  EXPECT_EQ(RankGrid(4, "dp", {{"dp", 4}, {"pp", 1}}).size("pp"), 1);
+  expect_usage_error(
+      [] {
+        RankGrid(6, "dp-pp", {{"dp", 2}, {"pp", 2}});
+      },
+      "parallel.dp", "dp × pp = 2 × 2 = 4 must equal the number of ranks (6)");
+  expect_usage_error([] { RankGrid(4, "dp-pp", {{"dp", 0}, {"pp", 4}}); }, "parallel.dp", "expected at least 1");
 }

@@ -1,5 +1,5 @@
 // The recomputation function (model/recompute.h) against the same part run once: bitwise equal
-// gradients of the input and the parameters, the rerun marked as such, and MoE's per-pass counts
+// gradients of the input and the parameters, the rerun told it is one, and MoE's per-pass counts
 // made once per forward pass; and unfused attention under selective recomputation keeping no
 // probabilities.
 #include <gtest/gtest.h>
@@ -21,9 +21,9 @@ namespace {
 struct Part {
   torch::nn::Linear first{torch::nn::LinearOptions(6, 8).bias(false)};
   torch::nn::Linear second{torch::nn::LinearOptions(8, 6).bias(false)};
-  std::vector<bool> marked;  // recomputing() at each run
-  torch::Tensor operator()(const torch::Tensor& x) {
-    marked.push_back(recomputing());
+  std::vector<Pass> passes;  // the pass of each run
+  torch::Tensor operator()(const torch::Tensor& x, Pass pass = Pass::kFirst) {
+    passes.push_back(pass);
     return x + second(torch::tanh(first(x)));
   }
 };
@@ -43,13 +43,12 @@ TEST(Recompute, GradientsEqualThoseOfThePartRunOnce) {
   part.second->weight.mutable_grad().reset();
 
   torch::Tensor y = source.clone().requires_grad_(true);
-  torch::Tensor out = recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, y);
-  EXPECT_FALSE(recomputing());
+  torch::Tensor out = recompute_in_backward([&](const torch::Tensor& in, Pass pass) { return part(in, pass); }, y);
   out.backward(upstream);
   EXPECT_TRUE(torch::equal(y.grad(), x_grad));
   EXPECT_TRUE(torch::equal(part.first->weight.grad(), w_grad));
   // Run once plainly, once as the first pass, once as the rerun.
-  EXPECT_EQ(part.marked, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(part.passes, (std::vector<Pass>{Pass::kFirst, Pass::kFirst, Pass::kRerun}));
 }
 
 TEST(Recompute, WithoutGradientsThePartJustRuns) {
@@ -57,10 +56,11 @@ TEST(Recompute, WithoutGradientsThePartJustRuns) {
   const torch::Tensor x = torch::randn({2, 3, 6});
   {
     torch::NoGradGuard no_grad;  // evaluation
-    EXPECT_TRUE(torch::equal(recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, x), part(x)));
+    EXPECT_TRUE(torch::equal(
+        recompute_in_backward([&](const torch::Tensor& in, Pass pass) { return part(in, pass); }, x), part(x)));
   }
   // An input that needs no gradient: the parameters still get theirs.
-  recompute_in_backward([&](const torch::Tensor& in) { return part(in); }, x).sum().backward();
+  recompute_in_backward([&](const torch::Tensor& in, Pass pass) { return part(in, pass); }, x).sum().backward();
   ASSERT_TRUE(part.first->weight.grad().defined());
   EXPECT_GT(part.first->weight.grad().abs().sum().item<double>(), 0.0);
 }
@@ -72,8 +72,8 @@ TEST(Recompute, MoECountsExpertLoadsOncePerForwardPass) {
   c.num_experts_per_tok = 2;
   c.moe_intermediate_size = 4;
   c.n_shared_experts = 1;
-  c.scoring_func = "sigmoid";
-  c.topk_method = "noaux_tc";
+  c.scoring_func = dstrain::ScoringFunction::kSigmoid;
+  c.topk_method = dstrain::TopkMethod::kNoauxTc;
   c.aux_loss_alpha = 0.01;
   torch::manual_seed(5);
   MoE plain(c), rerun(c);
@@ -88,7 +88,7 @@ TEST(Recompute, MoECountsExpertLoadsOncePerForwardPass) {
   const torch::Tensor x = torch::randn({2, 5, 8});
   torch::Tensor a = x.clone().requires_grad_(true), b = x.clone().requires_grad_(true);
   plain(a).sum().backward();
-  recompute_in_backward([&](const torch::Tensor& in) { return rerun(in); }, b).sum().backward();
+  recompute_in_backward([&](const torch::Tensor& in, Pass pass) { return rerun(in, pass); }, b).sum().backward();
   EXPECT_TRUE(torch::equal(plain->expert_load(), rerun->expert_load()));
   EXPECT_EQ(plain->expert_load().sum().item<double>(), 2 * 5 * 2);  // tokens × experts per token
   EXPECT_TRUE(torch::equal(plain->balance_loss(), rerun->balance_loss()));
@@ -165,15 +165,15 @@ TEST(Recompute, DroppedOutputsAreGivenBackWithTheirBackwardPassNotWithTheGraph) 
   EXPECT_LT(inputs[1].storage().use_count(), input_uses) << "a part's input outlived its backward pass";
 }
 
-// rerun_seconds counts the reruns of both functions (recompute_outputs' refill inside its rerun's
+// A RerunClock counts the reruns of both functions (recompute_outputs' refill inside its rerun's
 // time, not twice), and nothing of the first forward pass or of a backward pass without
 // recomputation: parts that sleep and time their own sleep, so that the bounds hold however long a
 // loaded machine oversleeps (counted once, a rerun's time is its sleep and a little more; counted
 // twice, a whole sleep more).
-TEST(Recompute, RerunSecondsCountTheRerunsOnly) {
+TEST(Recompute, RerunClockCountsTheRerunsOnly) {
   using Clock = std::chrono::steady_clock;
   auto sleeping = [](double* slept) {
-    return [slept](const torch::Tensor& in) {
+    return [slept](const torch::Tensor& in, Pass = Pass::kFirst) {
       const Clock::time_point start = Clock::now();
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       *slept = std::chrono::duration<double>(Clock::now() - start).count();  // this run's
@@ -183,21 +183,20 @@ TEST(Recompute, RerunSecondsCountTheRerunsOnly) {
   constexpr double kOverhead = 0.05;  // besides the sleep, well under a sleep's 0.1 s
   double plain_slept = 0, whole_slept = 0, dropped_slept = 0;
   const torch::Tensor x = torch::randn({3}).requires_grad_(true);
-  double before = rerun_seconds();
+  RerunClock clock;
   torch::Tensor plain = sleeping(&plain_slept)(x).sum();
-  torch::Tensor whole = recompute_in_backward(sleeping(&whole_slept), x).sum();
-  const Tensors dropped =
-      recompute_outputs([&](const Tensors& in) { return Tensors{sleeping(&dropped_slept)(in[0])}; }, {x},
-                        [](const Tensors& out) { return Tensors{out[0] * out[0]}; });
+  torch::Tensor whole = recompute_in_backward(sleeping(&whole_slept), x, &clock).sum();
+  const Tensors dropped = recompute_outputs([&](const Tensors& in) { return Tensors{sleeping(&dropped_slept)(in[0])}; },
+                                            {x}, [](const Tensors& out) { return Tensors{out[0] * out[0]}; }, &clock);
   plain.backward();
-  EXPECT_EQ(rerun_seconds(), before) << "a forward pass or a plain backward pass counted";
+  EXPECT_EQ(clock.seconds(), 0.0) << "a forward pass or a plain backward pass counted";
   whole.backward();
-  EXPECT_GE(rerun_seconds() - before, whole_slept);
-  EXPECT_LT(rerun_seconds() - before, whole_slept + kOverhead);
-  before = rerun_seconds();
+  EXPECT_GE(clock.seconds(), whole_slept);
+  EXPECT_LT(clock.seconds(), whole_slept + kOverhead);
+  const double before = clock.seconds();
   dropped[0].sum().backward();
-  EXPECT_GE(rerun_seconds() - before, dropped_slept);
-  EXPECT_LT(rerun_seconds() - before, dropped_slept + kOverhead) << "counted twice";
+  EXPECT_GE(clock.seconds() - before, dropped_slept);
+  EXPECT_LT(clock.seconds() - before, dropped_slept + kOverhead) << "counted twice";
 }
 
 // Unfused attention under selective recomputation: through a chain of attentions (a layer's
@@ -215,11 +214,11 @@ TEST(Recompute, SelectiveAttentionKeepsNoProbabilitiesAndGivesTheSameGradients) 
     int64_t forward_peak;
   };
   auto run = [&](bool selective) {
-    const SelectiveRecompute mode(selective);
     torch::Tensor x = source.clone().requires_grad_(true), h = x;
     accel::StepMemoryMeter meter(torch::kCPU);
     meter.begin_step();
-    for (int64_t layer = 0; layer < layers; ++layer) h = causal_attention(h, h * 0.5, h + 1.0, 0.3);
+    for (int64_t layer = 0; layer < layers; ++layer)
+      h = causal_attention(h, h * 0.5, h + 1.0, 0.3, SelectiveRecompute{selective, nullptr});
     meter.end_step();
     h.backward(upstream);
     return Run{x.grad(), meter.peak_bytes()};

@@ -412,8 +412,8 @@ TEST(HfNames, ParameterShapesAreTheBuiltModels) {
   configs.emplace_back("grouped-query", gqa);
   ModelConfig v2 = preset("tiny-v3");  // V2-Lite's shape: no query compression, softmax, no bias
   v2.q_lora_rank = 0;
-  v2.scoring_func = "softmax";
-  v2.topk_method = "group_limited_greedy";
+  v2.scoring_func = ScoringFunction::kSoftmax;
+  v2.topk_method = TopkMethod::kGroupLimitedGreedy;
   v2.n_shared_experts = 2;
   v2.num_nextn_predict_layers = 0;
   configs.emplace_back("v2-like", v2);

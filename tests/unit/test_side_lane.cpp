@@ -1,4 +1,4 @@
-// DualPipeV's side lane (pipeline/side_lane.h, parallel/compute_lane.h): the share of a pair's
+// DualPipeV's side lane (parallel/side_lane.h, parallel/compute_lane.h): the share of a pair's
 // exchange waits that the other lane's computation hid, against intervals worked out by hand;
 // the side thread's lane, LibTorch state, noted waits and errors.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "dstrain/core/torch_api.h"
-#include "dstrain/pipeline/side_lane.h"
+#include "dstrain/parallel/side_lane.h"
 
 using namespace dstrain;
 

@@ -1,4 +1,4 @@
-// The backward pass split in two (core/weight_gradient_store.h, model/projection.h): B then W gives
+// The backward pass split in two (pipeline/weight_gradient_store.h, model/projection.h): B then W gives
 // bitwise the gradients of one backward pass, B leaves the weights untouched, W reaches them
 // through their gradient accumulators (where the data-parallel buckets listen), and without a
 // deferral nothing changes.
@@ -9,7 +9,7 @@
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/torch_compat.h"
-#include "dstrain/core/weight_gradient_store.h"
+#include "dstrain/pipeline/weight_gradient_store.h"
 #include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
 #include "arrival_counter.h"
@@ -18,10 +18,11 @@ using namespace dstrain;
 
 namespace {
 
-// Two projections with a nonlinearity and a residual, the first also used twice.
+// Two projections with a nonlinearity and a residual, the first also used twice; their weight
+// gradients deferred to `deferral` (nullptr: never).
 struct Chain {
-  Projection first{6, 8}, second{8, 6};
-  Chain() {
+  Projection first, second;
+  explicit Chain(WeightGradientDeferral* deferral = nullptr) : first(6, 8, deferral), second(8, 6, deferral) {
     torch::NoGradGuard no_grad;
     first->weight.normal_();
     second->weight.normal_();
@@ -45,7 +46,8 @@ void expect_bitwise(const torch::Tensor& a, const torch::Tensor& b, const std::s
 
 TEST(WeightGradientStore, BackwardSplitInTwoGivesTheGradientsOfOnePass) {
   torch::manual_seed(5);
-  Chain chain;
+  WeightGradientStore store;
+  Chain chain(&store);
   const torch::Tensor source = torch::randn({3, 5, 6}), upstream = torch::randn({3, 5, 6});
 
   torch::Tensor x = source.clone().requires_grad_(true);
@@ -60,11 +62,10 @@ TEST(WeightGradientStore, BackwardSplitInTwoGivesTheGradientsOfOnePass) {
     accumulators.push_back(torch::autograd::impl::grad_accumulator(w));
     accumulators.back()->add_post_hook(std::make_unique<test::ArrivalCounter>(&arrivals));
   }
-  WeightGradientStore store;
   torch::Tensor y = source.clone().requires_grad_(true);
   torch::Tensor out;
   {
-    WeightGradientStore::Deferral deferral;
+    WeightGradientStore::Deferral deferral(store);
     out = chain(y);
   }
   store.collect({0, 0}, [&] { out.backward(upstream); });
@@ -84,17 +85,17 @@ TEST(WeightGradientStore, BackwardSplitInTwoGivesTheGradientsOfOnePass) {
 // Two micro-batches: their W actions in either order accumulate what two backward passes do.
 TEST(WeightGradientStore, KeepsEachBackwardPassApart) {
   torch::manual_seed(6);
-  Chain chain;
+  WeightGradientStore store;
+  Chain chain(&store);
   const torch::Tensor a = torch::randn({2, 4, 6}), b = torch::randn({2, 4, 6});
   chain(a).sum().backward();
   chain(b).sum().backward();
   const torch::Tensor both = chain.first->weight.grad().clone();
   reset(chain);
 
-  WeightGradientStore store;
   torch::Tensor out_a, out_b;
   {
-    WeightGradientStore::Deferral deferral;
+    WeightGradientStore::Deferral deferral(store);
     out_a = chain(a.clone().requires_grad_(true));
     out_b = chain(b.clone().requires_grad_(true));
   }
@@ -108,18 +109,18 @@ TEST(WeightGradientStore, KeepsEachBackwardPassApart) {
 // Deferred products inside a recomputed part land in the same store.
 TEST(WeightGradientStore, WorksUnderRecomputation) {
   torch::manual_seed(7);
-  Chain chain;
+  WeightGradientStore store;
+  Chain chain(&store);
   const torch::Tensor source = torch::randn({2, 3, 6});
   torch::Tensor x = source.clone().requires_grad_(true);
   chain(x).sum().backward();
   const torch::Tensor expected = chain.second->weight.grad().clone(), x_grad = x.grad().clone();
   reset(chain);
 
-  WeightGradientStore store;
   torch::Tensor y = source.clone().requires_grad_(true);
   // On for the rerun too, which is a forward pass inside the backward pass.
-  WeightGradientStore::Deferral deferral;
-  torch::Tensor out = recompute_in_backward([&](const torch::Tensor& in) { return chain(in); }, y);
+  WeightGradientStore::Deferral deferral(store);
+  torch::Tensor out = recompute_in_backward([&](const torch::Tensor& in, Pass) { return chain(in); }, y);
   store.collect({0, 0}, [&] { out.sum().backward(); });
   EXPECT_FALSE(chain.second->weight.grad().defined());
   store.compute({0, 0});
@@ -129,7 +130,8 @@ TEST(WeightGradientStore, WorksUnderRecomputation) {
 
 TEST(WeightGradientStore, WithoutDeferralProjectionsAreLinearMaps) {
   torch::manual_seed(8);
-  Chain chain;
+  WeightGradientStore store;
+  Chain chain(&store);
   torch::nn::Linear reference(torch::nn::LinearOptions(6, 8).bias(false));
   {
     torch::NoGradGuard no_grad;
@@ -141,7 +143,7 @@ TEST(WeightGradientStore, WithoutDeferralProjectionsAreLinearMaps) {
   // A backward pass of a deferred product outside a B action is a bug, said as one.
   torch::Tensor out;
   {
-    WeightGradientStore::Deferral deferral;
+    WeightGradientStore::Deferral deferral(store);
     out = chain.first(x.clone().requires_grad_(true)).sum();
   }
   try {

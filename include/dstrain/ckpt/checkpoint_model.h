@@ -11,6 +11,7 @@
 
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/parallel/parallel_config.h"
 
 namespace dstrain {
 
@@ -18,9 +19,10 @@ namespace dstrain {
 // "section.key" → value.
 std::map<std::string, std::string> checkpoint_config_values(const std::string& config_text);
 
-// How many ranks shared each MoE layer's experts when the checkpoint was written: its
-// configuration's parallel.ep (1 where it has none, a checkpoint from before expert parallelism).
-int64_t checkpoint_expert_parallel_size(const std::string& config_text);
+// The layout that wrote the checkpoint, from its configuration: parallel.tp, cp, dp, pp, ep and the
+// completed order, a key it lacks (a checkpoint from before the key existed) at its default: 1,
+// and the order tp-cp-ep-dp-pp. Throws Error(kCheckpoint) for values that make no grid.
+ParallelConfig checkpoint_layout(const std::string& config_text);
 
 // The checkpoint's effective configuration as `--section.key=value` arguments of `dstrain train`,
 // for the sections that describe the model and its data ([model], [train], [optim], [data]):

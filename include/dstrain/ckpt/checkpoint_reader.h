@@ -7,15 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/ckpt/format.h"
 
 namespace dstrain {
 
-// ckpt.resume → the checkpoint file to start from, or "" to start afresh. "none": "";
-// "auto": the one `latest` in `dir` names, or without a `latest` the newest checkpoint file there
+// ckpt.resume → the checkpoint file to start from, or "" to start afresh. none: "";
+// auto: the one `latest` in `dir` names, or without a `latest` the newest checkpoint file there
 // (with a warning), or ""; a directory: its `latest`; a file: itself. Throws Error(kCheckpoint)
 // when a named file is missing.
-std::string resolve_resume(const std::string& resume, const std::string& dir);
+std::string resolve_resume(const ResumeFrom& resume, const std::string& dir);
 // A checkpoint file, or a checkpoint directory: the file its `latest` names. Throws
 // Error(kCheckpoint) naming `key` (the option that gave `path`) when there is no such file.
 std::string resolve_checkpoint(const std::string& path, const std::string& key);

@@ -18,7 +18,7 @@
 
 #include "dstrain/ckpt/format.h"
 #include "dstrain/ckpt/parameter_file.h"
-#include "dstrain/parallel/parallel_context.h"
+#include "dstrain/parallel/mpi_communicator.h"
 
 namespace dstrain {
 
@@ -45,16 +45,19 @@ struct DatasetPiece {
 
 class CheckpointWriter {
  public:
-  // `timeout_s` bounds the collective creation of each file (comm.timeout_s): a rank whose write
-  // failed there (a full disk) must not leave the others waiting inside HDF5 for ever.
-  CheckpointWriter(std::string dir, RetentionPolicy retention, const ParallelContext& parallel, double timeout_s = 600);
+  // `world`: every rank, which write the file together; `replicas`: the ranks holding copies of
+  // this rank's replicated datasets, which share their writing. `timeout_s` bounds the collective
+  // creation of each file (comm.timeout_s): a rank whose write failed there (a full disk) must not
+  // leave the others waiting inside HDF5 for ever.
+  CheckpointWriter(std::string dir, RetentionPolicy retention, MpiCommunicator& world, const Communicator& replicas,
+                   double timeout_s = 600);
   ~CheckpointWriter();  // a save still being written is abandoned: NAME.tmp stays, `latest` unchanged
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Collective. `replicated`: what this rank's pipeline stage holds whole ("model/<name>",
-  // "optim/<name>/exp_avg", ...; the same list on every data-parallel rank of the stage, which
-  // share the writing). `owned`: pieces this rank alone holds, which it writes itself. `rng`: this
+  // "optim/<name>/exp_avg", ...; the same list on every rank of `replicas`, which share the
+  // writing). `owned`: pieces this rank alone holds, which it writes itself. `rng`: this
   // rank's generator state. Finishes the previous save first, if one is in flight. Returns the
   // seconds the caller was blocked.
   double begin(int64_t step, const NamedTensors& replicated, const std::vector<DatasetPiece>& owned,
@@ -85,7 +88,8 @@ class CheckpointWriter {
 
   std::string dir_;
   RetentionPolicy retention_;
-  const ParallelContext& parallel_;
+  MpiCommunicator& world_;
+  const Communicator& replicas_;
   double timeout_s_;
   bool in_flight_ = false;
   Job job_;

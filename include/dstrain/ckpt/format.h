@@ -98,9 +98,8 @@ std::vector<ChecksumPiece> checksum_pieces(const std::string& recorded, int64_t 
 // "" when `bytes` (piece `piece` as stored, element_size bytes an element) match its checksum.
 std::string piece_mismatch(const char* bytes, int64_t element_size, const ChecksumPiece& piece);
 
-// "fp32", "bf16", ...: as the configuration names them, and back ("bf16", "fp16"; else fp32).
+// "fp32", "bf16", ...: as the configuration names them.
 const char* dtype_name(torch::ScalarType dtype);
-torch::ScalarType dtype_named(const std::string& name);
 // "[64, 32]": a shape in messages.
 std::string shape_text(const std::vector<int64_t>& shape);
 

@@ -1,5 +1,5 @@
 // Block-scaled FP8 weights as DeepSeek-V3 stores them: a 2-D weight [rows, cols] as E4M3 codes
-// (fp8_e4m3.h), and beside it `scale_inv`, float32 [ceil(rows / block.rows), ceil(cols /
+// (core/fp8_e4m3.h), and beside it `scale_inv`, float32 [ceil(rows / block.rows), ceil(cols /
 // block.cols)], one scale per block of block.rows × block.cols elements (the blocks at the bottom
 // and right edges partial). The weight is each code's value × its block's scale_inv, as DeepSeek's
 // inference/kernel.py (weight_dequant) computes it.

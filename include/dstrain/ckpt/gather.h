@@ -1,14 +1,16 @@
-// Brings the parameters of every pipeline stage to world rank 0 (each stage's data-parallel rank 0
-// sends its own): what a single-file export of the whole model needs.
+// Brings every parameter of the model to world rank 0, whatever the layout: the first rank of
+// each set of dense replicas (dp-cp) sends its replicated parameters, the first of each set of
+// expert replicas (edp) its routed experts. What a single-file export of the whole model needs.
 #pragma once
 
 #include "dstrain/ckpt/parameter_file.h"
-#include "dstrain/parallel/parallel_context.h"
+#include "dstrain/parallel/mpi_communicator.h"
+#include "dstrain/parallel/parallel_grid.h"
 
 namespace dstrain {
 
-// Collective over MPI_COMM_WORLD. On world rank 0: every parameter of the model, in its own
-// dtype, on the CPU, sorted by name; elsewhere: empty.
-NamedTensors gather_parameters(const NamedTensors& local, const ParallelContext& parallel);
+// Collective over `world` (every rank of `grid`). On world rank 0: every parameter of the model,
+// in its own dtype, on the CPU, sorted by name; elsewhere: empty.
+NamedTensors gather_parameters(const NamedTensors& local, MpiCommunicator& world, const ParallelGrid& grid);
 
 }  // namespace dstrain

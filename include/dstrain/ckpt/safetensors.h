@@ -19,7 +19,7 @@
 
 namespace dstrain {
 
-// The format's name of E4M3 codes (fp8_e4m3.h).
+// The format's name of E4M3 codes (core/fp8_e4m3.h).
 constexpr const char* kSafetensorsE4M3 = "F8_E4M3";
 
 struct SafetensorsEntry {
@@ -49,7 +49,7 @@ class SafetensorsReader {
   // A CPU tensor of the file's dtype. Throws Error(kCheckpoint) naming the file and the tensor
   // when it is missing, or of a dtype other than BF16, F16 and F32 (naming the dtype).
   torch::Tensor read(const std::string& name) const;
-  // The codes of an F8_E4M3 tensor as a uint8 tensor of its shape (fp8_e4m3.h decodes them).
+  // The codes of an F8_E4M3 tensor as a uint8 tensor of its shape (core/fp8_e4m3.h decodes them).
   // Throws Error(kCheckpoint) naming the file and the tensor when it is missing or of another dtype.
   torch::Tensor read_e4m3(const std::string& name) const;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace boost::program_options {
@@ -17,6 +18,20 @@ class variables_map;
 namespace dstrain {
 
 enum class OptionKind { kString, kInt, kFloat, kBool };
+
+// The values of an enum by the names options, logs and files give them: each module's reader
+// parses an option once into its enum through such a table, and writes the name back from it.
+template <typename Enum>
+using EnumNames = std::vector<std::pair<std::string, Enum>>;
+
+// The name `names` gives `value` ("?" for a value it lacks).
+template <typename Enum>
+const std::string& name_of(const EnumNames<Enum>& names, Enum value) {
+  static const std::string unknown = "?";
+  for (const auto& [name, named] : names)
+    if (named == value) return name;
+  return unknown;
+}
 
 struct OptionSpec {
   std::string key;            // "train.steps"
@@ -50,7 +65,13 @@ class Options {
   int64_t get_int(const std::string& key, int64_t min_value, int64_t max_value = INT64_MAX) const;
   double get_float(const std::string& key, double min_value, double max_value) const;
   bool get_bool(const std::string& key) const;
-  std::string get_choice(const std::string& key, const std::vector<std::string>& choices) const;
+  // One of `names`' values; any other text is Error(kUsage) listing the names.
+  template <typename Enum>
+  Enum get_enum(const std::string& key, const EnumNames<Enum>& names) const {
+    std::vector<std::string> choices;
+    for (const auto& named : names) choices.push_back(named.first);
+    return names[index_of_choice(key, choices)].second;
+  }
 
   // Derived values (a resolved parallel.dp, say) so that config.ini records what actually ran.
   void set(const std::string& key, const std::string& value);
@@ -58,6 +79,8 @@ class Options {
   std::string to_ini() const;
 
  private:
+  size_t index_of_choice(const std::string& key, const std::vector<std::string>& choices) const;
+
   const OptionTable* table_ = nullptr;
   std::map<std::string, std::string> values_;
 };

@@ -21,8 +21,14 @@
 
 namespace dstrain {
 
+// What `dstrain data import --format` reads: llm.c's .bin token shards, or Megatron-LM's
+// PREFIX.idx + PREFIX.bin datasets.
+enum class ImportFormat { kLlmc, kMegatron };
+// --format's text as the format; throws Error(kUsage) naming --format for any other.
+ImportFormat import_format_named(const std::string& name);
+
 struct ImportOptions {
-  std::string format;               // "llmc" or "megatron"
+  ImportFormat format = ImportFormat::kLlmc;
   std::vector<std::string> inputs;  // llm.c: shard files; megatron: prefixes (or their .bin/.idx)
   std::string output;
   int64_t eod_id = -1;              // -1: llm.c's GPT-2 default (50256); required for megatron

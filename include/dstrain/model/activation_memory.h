@@ -52,7 +52,7 @@ double layer_activation_elements(const ModelConfig& model, int64_t layer, const 
 
 // Elements per token that a decoder layer (or a multi-token prediction module's: `layer` ≥
 // num_layers) keeps between a split backward pass's B and its W: each projection's input (one
-// tensor where two share it) and its output's gradient (core/weight_gradient_store.h), whatever
+// tensor where two share it) and its output's gradient (pipeline/weight_gradient_store.h), whatever
 // is recomputed.
 double weight_store_elements(const ModelConfig& model, int64_t layer);
 

@@ -11,8 +11,11 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/recompute.h"
+
 namespace dstrain {
 
-torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale);
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
+                               SelectiveRecompute selective = {});
 
 }  // namespace dstrain

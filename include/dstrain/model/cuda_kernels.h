@@ -1,14 +1,18 @@
-// The process-wide switch for dstrain's own CUDA kernels (src/model/cuda: the LM loss's softmax,
-// the SwiGLU activation, RoPE). Where they are built (a CUDA compiler at build time) and enabled
+// dstrain's own CUDA kernels (src/model/cuda: the LM loss's softmax, the SwiGLU activation, RoPE).
+// Where they are built (a CUDA compiler at build time) and a chunk's ComputeOptions ask for them
 // (train.cuda_kernels, on by default), the model uses them on GPU tensors; otherwise LibTorch's
-// operations compute the same. The switch is there to measure what the kernels gain and to rule
+// operations compute the same. The option is there to measure what the kernels gain and to rule
 // them out when something looks wrong.
 #pragma once
 
 namespace dstrain {
 
-bool cuda_kernels_built();
-void enable_cuda_kernels(bool enabled);
-bool cuda_kernels_enabled();  // built and enabled
+constexpr bool cuda_kernels_built() {
+#ifdef DSTRAIN_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
 
 }  // namespace dstrain

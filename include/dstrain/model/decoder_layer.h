@@ -5,8 +5,8 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/compute_options.h"
 #include "dstrain/model/kv_cache.h"
-#include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/mla.h"
 #include "dstrain/model/model_config.h"
@@ -17,9 +17,9 @@ namespace dstrain {
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  // `experts`: the routed experts it holds, if its MLP is MoE.
-  DecoderLayerImpl(const ModelConfig& config, int64_t layer, const ExpertShard& experts = {});
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  DecoderLayerImpl(const ModelConfig& config, int64_t layer, const ComputeOptions& options = {});
+  // `pass`: its rerun inside the backward pass (full recomputation) repeats no side effect.
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, Pass pass = Pass::kFirst);
   // The same layer in cached decoding (the attention modules' forward_cached): x holds positions
   // start .. start + n - 1, `rope` their tables. MoE layers route as forward does in the module's
   // mode (in eval mode they count no load and attach no balance loss).
@@ -28,7 +28,11 @@ class DecoderLayerImpl : public torch::nn::Module {
   MoE moe() const { return moe_; }  // null for a dense layer
 
  private:
-  torch::Tensor add_mlp(const torch::Tensor& h);  // h + the MLP or MoE of its post-attention norm
+  torch::Tensor add_mlp(const torch::Tensor& h, Pass pass);  // h + the MLP or MoE of its post-attention norm
+  // consumer(norm(x)), the norm's output rerun in the backward pass under selective recomputation.
+  torch::Tensor through_norm(RMSNorm& norm, const torch::Tensor& x,
+                             const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
+  SelectiveRecompute selective_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   Attention attention_{nullptr};
   MultiHeadLatentAttention latent_attention_{nullptr};

@@ -15,15 +15,20 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dstrain/model/compute_options.h"
+#include "dstrain/model/grouped_matmul.h"
 
 namespace dstrain {
 
 class GroupedExpertsImpl : public torch::nn::Module {
  public:
-  GroupedExpertsImpl(int64_t experts, int64_t first_expert, int64_t hidden, int64_t intermediate);
+  GroupedExpertsImpl(int64_t experts, int64_t first_expert, int64_t hidden, int64_t intermediate,
+                     const ComputeOptions& options = {});
   // rows [N, hidden], sorted by expert: rows_per_expert[e] rows for the e-th expert held.
   torch::Tensor forward(const torch::Tensor& rows, const std::vector<int64_t>& rows_per_expert);
 
@@ -33,7 +38,13 @@ class GroupedExpertsImpl : public torch::nn::Module {
   int64_t first_expert() const { return first_; }
 
  private:
+  torch::Tensor project(const torch::Tensor& rows, const torch::Tensor& weights, const std::vector<int64_t>& counts);
+
   int64_t first_;
+  SelectiveRecompute selective_;
+  bool cuda_kernels_;
+  std::shared_ptr<GroupedMatmul> grouped_;
+  WeightGradientDeferral* deferral_;
   torch::Tensor gate_proj_, up_proj_, down_proj_;
 };
 TORCH_MODULE(GroupedExperts);

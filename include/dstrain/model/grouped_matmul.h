@@ -7,25 +7,33 @@
 //   a [M, K] × b [K, N]    → [G, M, N]  group g: a slice of K, the columns of a and rows of b
 // It applies to CUDA bf16 operands laid out as LibTorch requires (16-byte aligned, each matrix
 // contiguous along rows or columns with a 16-byte multiple between them) and a result whose rows
-// are a multiple of 8 long; the number of rows of `a`, and the groups' sizes, are free. If LibTorch refuses a call it says why once, as a warning, and grouped_matmul
-// returns an undefined tensor from then on: the caller's loop computes the same products.
+// are a multiple of 8 long; the number of rows of `a`, and the groups' sizes, are free.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
 
+#include <atomic>
 #include <vector>
 
 namespace dstrain {
 
-// Whether this build's LibTorch has the product, it is switched on (train.grouped_experts) and it
-// has not failed before.
-bool grouped_matmul_available();
-// train.grouped_experts: off, the callers loop even where the product would apply.
-void enable_grouped_matmul(bool on);
-// Whether it applies to operands `a` and `b`.
+// Whether this build's LibTorch has the product.
+bool grouped_matmul_built();
+// Whether it applies to operands `a` and `b` (and the build has it).
 bool grouped_matmul_applies(const torch::Tensor& a, const torch::Tensor& b);
-// The product, or an undefined tensor where it does not apply. `group_sizes` sum to M (3-D b) or
-// K (2-D b).
-torch::Tensor grouped_matmul(const torch::Tensor& a, const torch::Tensor& b, const std::vector<int64_t>& group_sizes);
+
+// The product for the layers of a model chunk that use it (ComputeOptions::grouped_matmul). If
+// LibTorch refuses a call, it says why once, as a warning, and returns an undefined tensor from
+// then on, for every layer that shares it: the callers' loops compute the same products.
+class GroupedMatmul {
+ public:
+  // The product, or an undefined tensor where it does not apply. `group_sizes` sum to M (3-D b)
+  // or K (2-D b).
+  torch::Tensor operator()(const torch::Tensor& a, const torch::Tensor& b, const std::vector<int64_t>& group_sizes);
+  bool refused() const { return refused_.load(); }
+
+ private:
+  std::atomic<bool> refused_{false};
+};
 
 }  // namespace dstrain

@@ -4,6 +4,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/compute_options.h"
 #include "dstrain/model/kv_cache.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/projection.h"
@@ -26,7 +27,7 @@ TORCH_MODULE(RMSNorm);
 // Causal self-attention with RoPE; grouped-query when num_kv_heads < num_heads.
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& config);
+  explicit AttentionImpl(const ModelConfig& config, const ComputeOptions& options = {});
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
   // Cached decoding: x [B, n, hidden] holds positions start .. start + n - 1 and `rope` their
   // tables (rope_tables_from); their keys and values join `cache`, and they attend to every
@@ -41,6 +42,7 @@ class AttentionImpl : public torch::nn::Module {
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 TORCH_MODULE(Attention);
@@ -48,10 +50,12 @@ TORCH_MODULE(Attention);
 // down_proj(silu(gate_proj(x)) * up_proj(x))
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(int64_t hidden, int64_t intermediate);
+  SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options = {});
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  SelectiveRecompute selective_;
+  bool cuda_kernels_;
   Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(SwiGLU);

@@ -11,8 +11,8 @@
 // written over the logits as soon as it is known. The backward pass applies the scalar (the
 // incoming gradient over the token count) to the two [tokens, hidden] and [vocabulary, hidden]
 // products instead of to the logits: about 20 bytes per logit, and no memory beyond the logits.
-// On a GPU with dstrain's kernels built, one kernel does a row's softmax in one pass without fp32
-// copies (src/model/cuda/softmax_cross_entropy.cu): 4 to 6 bytes per logit.
+// On a GPU with dstrain's kernels built (and `cuda_kernel`), one kernel does a row's softmax in one
+// pass without fp32 copies (src/model/cuda/softmax_cross_entropy.cu): 4 to 6 bytes per logit.
 //
 // The loss and the softmax are computed in fp32 whatever the dtype of hidden and weight; the
 // gradient of the target logit, softmax − 1, is taken from the fp32 log-probability, so it loses
@@ -37,6 +37,6 @@ constexpr int64_t kLossChunkElements = int64_t{1} << 22;
 // with respect to hidden and weight. `chunk_rows`: rows per log-softmax chunk; 0 takes as many
 // as fit in 16 MB of fp32 (the GPU kernel takes all rows at once).
 torch::Tensor linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                   const torch::Tensor& targets, int64_t chunk_rows = 0);
+                                   const torch::Tensor& targets, int64_t chunk_rows = 0, bool cuda_kernel = true);
 
 }  // namespace dstrain

@@ -18,6 +18,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include "dstrain/model/compute_options.h"
 #include "dstrain/model/layers.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/projection.h"
@@ -28,7 +29,7 @@ namespace dstrain {
 
 class MultiHeadLatentAttentionImpl : public torch::nn::Module {
  public:
-  explicit MultiHeadLatentAttentionImpl(const ModelConfig& config);
+  explicit MultiHeadLatentAttentionImpl(const ModelConfig& config, const ComputeOptions& options = {});
   // x [B, S, hidden]; `rope`: tables of qk_rope_head_dim.
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
   // Cached decoding: x [B, n, hidden] holds positions start .. start + n - 1 and `rope` their
@@ -51,6 +52,7 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
+  SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};
   RMSNorm q_a_layernorm_{nullptr}, kv_a_layernorm_{nullptr};
   Projection kv_a_proj_with_mqa_{nullptr}, kv_b_proj_{nullptr}, o_proj_{nullptr};

@@ -10,6 +10,14 @@
 
 namespace dstrain {
 
+// How the router scores experts: V2 by softmax, V3 by sigmoid.
+enum class ScoringFunction { kSoftmax, kSigmoid };
+// How it chooses them: the top k over all experts, or within the best groups ranked by their best
+// score (V2's group_limited_greedy) or their two best plus the balancing bias (V3's noaux_tc).
+enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+const EnumNames<ScoringFunction>& scoring_function_names();  // Hugging Face's names: softmax, sigmoid
+const EnumNames<TopkMethod>& topk_method_names();            // greedy, group_limited_greedy, noaux_tc
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -45,8 +53,8 @@ struct ModelConfig {
   int64_t n_shared_experts = 0;
   int64_t moe_intermediate_size = 0;
   int64_t num_experts_per_tok = 0;
-  std::string scoring_func = "softmax";  // V2: softmax; V3: sigmoid
-  std::string topk_method = "greedy";    // greedy, group_limited_greedy (V2), noaux_tc (V3)
+  ScoringFunction scoring_func = ScoringFunction::kSoftmax;
+  TopkMethod topk_method = TopkMethod::kGreedy;
   int64_t n_group = 1, topk_group = 1;   // experts in n_group groups; tokens choose among topk_group
   bool norm_topk_prob = false;           // renormalise the chosen experts' weights to sum to 1
   double routed_scaling_factor = 1.0;

@@ -13,9 +13,9 @@
 // Tokens travel to their experts in batches (sorted by expert, index_select in, index_add out),
 // never one by one.
 //
-// Expert parallelism: a layer may hold a contiguous part of the routed experts (ExpertShard), under
-// their global names. It still routes its own tokens over all experts, then exchanges the rows
-// with the other holders through its expert-parallel group (model/expert_dispatch.h).
+// Expert parallelism: a layer may hold a contiguous part of the routed experts (the shard of its
+// ExpertExchange), under their global names. It still routes its own tokens over all experts;
+// the exchange takes the rows to their experts' holders and back (expert_exchange.h).
 //
 // Balance: the sequence-wise auxiliary loss (V3 eq. 17-20, weight aux_loss_alpha) joins the
 // gradient through the layer's output (attach_auxiliary_loss), and each forward pass in training
@@ -26,10 +26,12 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "dstrain/parallel/compute_lane.h"
+#include "dstrain/model/compute_options.h"
+#include "dstrain/model/expert_exchange.h"
 #include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/layers.h"
@@ -55,20 +57,18 @@ torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, c
 
 class MoEImpl : public torch::nn::Module {
  public:
-  // `experts`: the routed experts this layer holds (all of them unless expert-parallel).
-  explicit MoEImpl(const ModelConfig& config, const ExpertShard& experts = {});
-  torch::Tensor forward(const torch::Tensor& x);  // [B, S, hidden]
+  // The routed experts it holds are its options' expert_exchange's shard (all of them, computed
+  // here, without one).
+  explicit MoEImpl(const ModelConfig& config, const ComputeOptions& options = {});
+  // x [B, S, hidden]. `pass`: a rerun inside the backward pass (full recomputation) counts nothing again.
+  torch::Tensor forward(const torch::Tensor& x, Pass pass = Pass::kFirst);
 
   const ExpertShard& expert_shard() const { return shard_; }
-  // The ranks that hold the other parts, ordered by part (needed when the layer holds a part), a
-  // communicator for each lane that computes the layer (compute_lane.h).
-  void set_expert_groups(const LaneGroups& groups);
   // Expert parallelism's measures since the last update_bias: the number of distinct group ranks
   // each routed token reached, summed over tokens, and those tokens, fp32 0-d each (training
-  // passes only); and the wall seconds spent exchanging rows, forward and backward.
+  // passes only).
   const torch::Tensor& ranks_reached() const { return ranks_reached_; }
   const torch::Tensor& routed_tokens() const { return routed_tokens_; }
-  double exchange_seconds() const { return exchange_seconds_; }
 
   // Tokens each routed expert received in training forward passes since the last reset, fp32 [experts].
   torch::Tensor& expert_load() { return load_; }
@@ -80,7 +80,6 @@ class MoEImpl : public torch::nn::Module {
   // `skipped`: a 0-d fp32 tensor, 1 when the optimizer skipped the step (non-finite gradients),
   // which then leaves the bias as it is too; on the device, so that nothing waits for it.
   void update_bias(const torch::Tensor& load, double gamma, const torch::Tensor& skipped);
-  void reset_exchange_seconds() { exchange_seconds_ = 0; }
   const torch::Tensor& bias() const { return bias_; }
   // The gradient the balance loss receives in the next training passes: the factor the step's
   // backward pass gives the main loss (loss scale / micro-batches), a 0-dim tensor; 1 when unset.
@@ -88,15 +87,15 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   // expert(row) for the (token, choice) rows `inputs`, sorted by expert (`counts` of each, on the
-  // device), computed here or by the experts' holders.
+  // device), computed by the experts' holders (here, or across the exchange).
   torch::Tensor routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts);
   void count_ranks_reached(const torch::Tensor& chosen);
 
   ModelConfig config_;
+  std::unique_ptr<ExpertExchange> local_exchange_;  // without one handed in
+  ExpertExchange* exchange_;
   ExpertShard shard_;
-  LaneGroups expert_groups_;
   torch::Tensor gate_weight_, bias_, load_, balance_loss_, aux_gradient_factor_, ranks_reached_, routed_tokens_;
-  double exchange_seconds_ = 0;
   GroupedExperts experts_{nullptr};  // the routed experts held
   SwiGLU shared_experts_{nullptr};
 };

@@ -26,7 +26,7 @@ namespace dstrain {
 class MultiTokenPredictionImpl : public DecoderLayerImpl {
  public:
   // `layer`: the module's global index, num_layers + k - 1 (it decides whether its MLP is MoE).
-  MultiTokenPredictionImpl(const ModelConfig& config, int64_t layer, const ExpertShard& experts = {});
+  MultiTokenPredictionImpl(const ModelConfig& config, int64_t layer, const ComputeOptions& options = {});
   // The input of the module's decoder layer (its forward gives h^k [B, n, H]): eh_proj of
   // h^{k-1} and the embeddings of the tokens k places ahead, both [B, n, H], normalised. (Apart,
   // so that recomputation may rerun the layer as it reruns the main model's.)

@@ -15,22 +15,25 @@
 //
 // The rerun computes bitwise what the first pass computed (the same operations on the same
 // values, on any device dstrain runs deterministically), so training gives the same numbers with
-// or without it. Work that must happen once per forward pass (MoE's expert-load counts) asks
-// recomputing() and skips the rerun.
+// or without it. Work that must happen once per forward pass (MoE's expert-load counts) is told
+// which pass it is in (Pass) and skips the rerun.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "dstrain/core/config.h"
 
 namespace dstrain {
 
 // none: every activation kept; selective and full: see above.
 enum class Recompute { kNone, kSelective, kFull };
-// "none" | "selective" | "full"; throws Error(kUsage) naming train.recompute otherwise.
-Recompute recompute_named(const std::string& name);
+// train.recompute's names: none, selective, full.
+const EnumNames<Recompute>& recompute_names();
 
 struct RecomputePlan {
   Recompute mode = Recompute::kNone;
@@ -40,12 +43,32 @@ struct RecomputePlan {
   bool reruns_layer(int64_t index) const { return mode == Recompute::kFull && (layers == 0 || index < layers); }
 };
 
-// `part(input)` without keeping its intermediate tensors: the backward pass reruns it on the kept
-// `input` with gradients on and back-propagates through the rerun (into its parameters, whose
-// gradients accumulate as usual, and into `input`). Without gradients (evaluation), or when
-// `input` needs none (its parameters would get none through the rerun), just part(input).
-torch::Tensor recompute_in_backward(const std::function<torch::Tensor(const torch::Tensor&)>& part,
-                                    const torch::Tensor& input);
+// The host seconds spent on the reruns in backward passes (each part's forward pass again, and the
+// copies into the outputs given back): the time recomputation costs on the CPU, measured inside the
+// steps it slows. On a GPU it is only the time to queue the reruns' kernels. A rerun inside
+// another counts once. One clock serves the parts of one rank, whose backward passes run one at a
+// time (a side lane's forward passes rerun nothing).
+class RerunClock {
+ public:
+  double seconds() const { return static_cast<double>(nanoseconds_.load()) * 1e-9; }
+
+ private:
+  friend class Rerun;
+  std::atomic<int64_t> nanoseconds_{0};
+  std::atomic<int> depth_{0};  // reruns under way (they nest)
+};
+
+// Which forward pass of a part runs: the first, or its rerun inside the backward pass.
+enum class Pass { kFirst, kRerun };
+using RerunnablePart = std::function<torch::Tensor(const torch::Tensor&, Pass)>;
+
+// `part(input, kFirst)` without keeping its intermediate tensors: the backward pass reruns it as
+// part(input, kRerun) on the kept `input` with gradients on and back-propagates through the rerun
+// (into its parameters, whose gradients accumulate as usual, and into `input`). Without gradients
+// (evaluation), or when `input` needs none (its parameters would get none through the rerun), just
+// part(input, kFirst). `clock` (may be nullptr) counts the rerun.
+torch::Tensor recompute_in_backward(const RerunnablePart& part, const torch::Tensor& input,
+                                    RerunClock* clock = nullptr);
 
 using Tensors = std::vector<torch::Tensor>;
 using TensorsFunction = std::function<Tensors(const Tensors&)>;
@@ -54,30 +77,15 @@ using TensorsFunction = std::function<Tensors(const Tensors&)>;
 // back then, and refilled by rerunning part on its kept inputs just before consumer's backward
 // pass needs them (Megatron-Core's checkpoint without output). The gradients are bitwise those
 // without it. part's outputs must serve consumer alone. Without gradients, or when no input
-// needs one, just consumer(part(inputs)).
-Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer);
+// needs one, just consumer(part(inputs)). `clock` (may be nullptr) counts the rerun.
+Tensors recompute_outputs(const TensorsFunction& part, const Tensors& inputs, const TensorsFunction& consumer,
+                          RerunClock* clock = nullptr);
 
-// True on this thread while a part reruns inside the backward pass.
-bool recomputing();
-
-// Host seconds this process has spent on the reruns in backward passes (each part's forward pass
-// again, and the copies into the outputs given back), over all threads, since it started: the
-// time recomputation costs on the CPU, measured inside the steps it slows. On a GPU it is only
-// the time to queue the reruns' kernels.
-double rerun_seconds();
-
-// Whether the modules of a decoder layer recompute selectively (train.recompute = selective):
-// on for this thread while a SelectiveRecompute(true) lives.
-bool selective_recompute();
-class SelectiveRecompute {
- public:
-  explicit SelectiveRecompute(bool on);
-  ~SelectiveRecompute();
-  SelectiveRecompute(const SelectiveRecompute&) = delete;
-  SelectiveRecompute& operator=(const SelectiveRecompute&) = delete;
-
- private:
-  bool outer_;
+// What a module needs of train.recompute = selective: whether it drops the outputs it can rerun
+// cheaply (recompute_outputs), and the clock the reruns count on.
+struct SelectiveRecompute {
+  bool on = false;
+  RerunClock* clock = nullptr;
 };
 
 }  // namespace dstrain

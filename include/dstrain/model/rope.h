@@ -15,6 +15,7 @@ struct RopeTables {
   // (a cos - b sin, b cos + a sin) = x * cos + swap_pairs(x) * sin, one multiply-add per element.
   torch::Tensor cos, sin;
   bool interleave = false;
+  bool cuda_kernel = true;  // apply_rope may use dstrain's kernel where built (ComputeOptions::cuda_kernels)
 };
 
 // YaRN context extension (Peng et al. 2023), as DeepSeek-V2/V3 apply it: pairs that turn fewer
@@ -33,8 +34,8 @@ RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta,
                             const YarnScaling& yarn = {});
 
 // x: [batch, heads, seq, head_dim]; positions 0 .. seq-1. On a GPU, with dstrain's kernels
-// built, one kernel each way (src/model/cuda/rope.cu) with the tables in fp32; elsewhere three
-// LibTorch operations with the tables in x's dtype.
+// built and the tables' cuda_kernel, one kernel each way (src/model/cuda/rope.cu) with the tables
+// in fp32; elsewhere three LibTorch operations with the tables in x's dtype.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 
 // The tables from position `first` on, so that apply_rope rotates positions first, first + 1, ...

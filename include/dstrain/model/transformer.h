@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "dstrain/model/compute_options.h"
 #include "dstrain/model/decoder_layer.h"
 #include "dstrain/model/kv_cache.h"
 #include "dstrain/model/layer_slice.h"
@@ -31,7 +32,7 @@ namespace dstrain {
 // "model." in the Hugging Face names.
 class DecoderStackImpl : public torch::nn::Module {
  public:
-  DecoderStackImpl(const ModelConfig& config, const LayerSlice& slice);
+  DecoderStackImpl(const ModelConfig& config, const LayerSlice& slice, const ComputeOptions& options = {});
   // ids [B, S] (int64) when the slice has the embedding, else hidden states [B, S, H]. Returns
   // hidden states, normalised when the slice has the head.
   torch::Tensor forward(const torch::Tensor& input) { return forward_layers(slice_.has_embedding ? embed(input) : input); }
@@ -50,12 +51,15 @@ class DecoderStackImpl : public torch::nn::Module {
   KvCache empty_cache(int64_t batch) const;  // room for max_seq_len positions
   const std::vector<DecoderLayer>& layers() const { return layers_; }
   const std::vector<MultiTokenPrediction>& mtp_modules() const { return mtp_; }
-  // Which of the slice's decoder layers rerun their forward pass in the backward pass (training).
-  void set_recompute(const RecomputePlan& plan) { recompute_ = plan; }
 
  private:
+  // Layer `index` of the chunk (the multi-token prediction modules' count after the last) on
+  // `input`, rerun in the backward pass when full recomputation covers it.
+  torch::Tensor run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input);
+
   LayerSlice slice_;
-  RecomputePlan recompute_;
+  RecomputePlan recompute_;  // full: which layers rerun their forward pass in the backward pass
+  RerunClock* rerun_clock_;
   int64_t max_seq_len_;
   RopeTables rope_;
   torch::nn::Embedding embed_tokens_{nullptr};
@@ -77,7 +81,7 @@ struct LanguageModelLosses {
 
 class CausalLMImpl : public torch::nn::Module {
  public:
-  CausalLMImpl(const ModelConfig& config, const LayerSlice& slice);
+  CausalLMImpl(const ModelConfig& config, const LayerSlice& slice, const ComputeOptions& options = {});
   // Logits [B, S, V] when the slice has the head, else the activation for the next stage
   // ([B, S, stage_activation_width]).
   torch::Tensor forward(const torch::Tensor& input);
@@ -94,7 +98,6 @@ class CausalLMImpl : public torch::nn::Module {
   KvCache empty_cache(int64_t batch) const { return model_->empty_cache(batch); }
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
-  void set_recompute(const RecomputePlan& plan) { model_->set_recompute(plan); }
   // The MoE layers of this slice with their global layer index (empty for a dense model).
   std::vector<std::pair<int64_t, MoE>> moe_layers() const;
 
@@ -105,6 +108,7 @@ class CausalLMImpl : public torch::nn::Module {
 
   ModelConfig config_;
   LayerSlice slice_;
+  bool cuda_kernels_;        // the loss's kernel (ComputeOptions::cuda_kernels)
   bool carries_embeddings_;  // stage activations are [hidden; embeddings]
   DecoderStack model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};

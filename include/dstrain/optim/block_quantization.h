@@ -2,7 +2,7 @@
 // kQuantizationBlock, each block scaled by its own fp32 factor so that its largest magnitude maps
 // to the format's largest code, as DeepSpeed's ZeRO++ quantized gradients and DeepSeek-V3's FP8
 // tiles do. int8: round(x / scale), scale = max|x| / 127, an error of at most scale / 2 per value.
-// fp8: E4M3 (ckpt/fp8_e4m3.h), scale = max|x| / 448, a relative error of at most 2^-4 for values
+// fp8: E4M3 (core/fp8_e4m3.h), scale = max|x| / 448, a relative error of at most 2^-4 for values
 // in its normal range. A block of zeros is exact; a block holding an infinity or NaN comes back
 // NaN throughout, so the step's gradient norm is not finite and the step stops as it would have.
 #pragma once

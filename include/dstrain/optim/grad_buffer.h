@@ -49,7 +49,7 @@ namespace dstrain {
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct GradientReduction {
-  Communicator* dp_group = nullptr;           // nullptr or one rank: nothing to average
+  Communicator* group = nullptr;  // the copies to average over; nullptr or one rank: nothing to average
   torch::ScalarType wire_dtype = torch::kFloat32;  // bf16/fp16 halve the bytes on the wire
   int64_t bucket_bytes = int64_t{25} << 20;   // of fp32 gradients per bucket
   bool overlap = true;                        // start buckets during the backward pass
@@ -102,7 +102,7 @@ class GradientBuffer {
 
   bool sharded() const { return sharded_; }
   // The DP ranks holding the other shards (sharded only; else nullptr).
-  Communicator* shard_group() const { return sharded_ ? reduction_.dp_group : nullptr; }
+  Communicator* shard_group() const { return sharded_ ? reduction_.group : nullptr; }
   // What this rank's optimizer updates, in the order of `params`: every parameter whole, or
   // sharded the pieces of those that fall in this rank's shard.
   const std::vector<ParameterShard>& shards() const { return shards_; }
@@ -137,9 +137,9 @@ class GradientBuffer {
   void record_times(std::chrono::steady_clock::time_point backward_end);
   void apply_divisor();  // divide_sum_by, where it is not the group's size
   void zero_unwritten(const Bucket& bucket);  // added-in views that got no gradient this step
-  int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.dp_group->size(); }
+  int64_t shard_length(const Bucket& bucket) const { return bucket.length / reduction_.group->size(); }
   int64_t shard_start(const Bucket& bucket) const {
-    return bucket.start + reduction_.dp_group->rank() * shard_length(bucket);
+    return bucket.start + reduction_.group->rank() * shard_length(bucket);
   }
 
   GradientReduction reduction_;

@@ -1,6 +1,7 @@
 // DeepSeek-V3's auxiliary-loss-free balancing as a post-step hook: after each step, the tokens
 // every routed expert of this stage's MoE layers received (every micro-batch, summed over the
-// data-parallel ranks) move the layer's bias (MoEImpl::update_bias), the same way on every rank.
+// ranks of the stage that route other tokens: the dp-cp group) move the layer's bias
+// (MoEImpl::update_bias), the same way on every rank.
 // The same reduction brings the sequence-wise balance loss, which the hook reports, and under
 // expert parallelism the measures of the token exchange: how evenly the expert-parallel ranks are
 // loaded, and how many of them a token reaches.
@@ -20,18 +21,18 @@ namespace dstrain {
 class MoeBalancing : public PostStepHook {
  public:
   // `layers`: this stage's MoE layers by global layer index (none on a stage without them);
-  // `micro_batches`: per data-parallel rank and step; `device`: the model's; `ep`: the
-  // expert-parallel ranks the layers' experts are split over.
-  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& dp_group, const ModelConfig& model,
-               int64_t micro_batches, const torch::Device& device, int ep = 1);
+  // `token_group`: the stage's ranks that route other tokens (their loads are summed over it);
+  // `micro_batches`: per rank and step; `device`: the model's.
+  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, const ModelConfig& model,
+               int64_t micro_batches, const torch::Device& device);
 
   void after_step(const torch::Tensor& skipped) override;
   // The micro-batches of the coming step on each rank (a batch-size ramp-up changes them).
   void set_micro_batches(int64_t micro_batches) {
-    loss_divisor_ = static_cast<double>(micro_batches * dp_group_.size());
+    loss_divisor_ = static_cast<double>(micro_batches * token_group_.size());
   }
   // "balance_loss" (with model.aux_loss_alpha): the step's balance loss of this stage's layers,
-  // mean over micro-batches and data-parallel ranks, summed over layers; 0 without MoE layers.
+  // mean over micro-batches and the token group's ranks, summed over layers; 0 without MoE layers.
   std::vector<std::pair<std::string, torch::Tensor>> step_values() const override;
   // The last step's max/mean of the tokens each layer's experts received (1 is perfect
   // balance), by global layer index; empty before the first step or without MoE layers.
@@ -45,16 +46,16 @@ class MoeBalancing : public PostStepHook {
 
  private:
   std::vector<std::pair<int64_t, MoE>> layers_;
-  Communicator& dp_group_;
+  Communicator& token_group_;
   int64_t experts_;
   double bias_update_speed_;
   bool reports_balance_loss_;
-  double loss_divisor_;         // micro-batches × data-parallel ranks
+  double loss_divisor_;  // micro-batches × ranks of the token group
   torch::Device device_;
   torch::Tensor balance_loss_;  // the last step's
   torch::Tensor balance_;       // the last step's max/mean expert load of each layer
-  int ep_;
-  torch::Tensor ep_balance_, ep_ranks_per_token_;  // the last step's, each layer's (ep > 1)
+  int64_t expert_parts_;        // the expert-parallel ranks the layers' experts are split over
+  torch::Tensor ep_balance_, ep_ranks_per_token_;  // the last step's, each layer's (expert parallelism)
 };
 
 }  // namespace dstrain

@@ -8,11 +8,15 @@
 
 namespace dstrain {
 
+// What optim.warmup_steps and optim.decay_steps count: steps, or tokens in steps of the full batch.
+enum class ScheduleUnit { kSteps, kTokens };
+const EnumNames<ScheduleUnit>& schedule_unit_names();  // steps, tokens
+
 struct OptimConfig {
   double lr = 3e-4, min_lr = 3e-5;
   int64_t warmup_steps = 0;
   int64_t decay_steps = 0;  // 0: train.steps
-  std::string schedule_unit = "steps";  // steps | tokens: what warmup_steps and decay_steps count
+  ScheduleUnit schedule_unit = ScheduleUnit::kSteps;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping

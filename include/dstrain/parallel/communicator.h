@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/parallel/backend.h"
+
 namespace dstrain {
 
 enum class ReduceOp { kSum, kAvg, kMax };
@@ -38,7 +40,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;
+  virtual Backend backend() const = 0;
 
   // Operations are ordered with the caller's computation: on the CPU they have finished when
   // they return; on a GPU they are queued so that later kernels see their result.

@@ -1,4 +1,4 @@
-// A rank computes on one thread, except in DualPipeV's pairs (pipeline/side_lane.h): there the
+// A rank computes on one thread, except in DualPipeV's pairs (parallel/side_lane.h): there the
 // forward pass of one micro-batch runs on a second thread, the side lane, beside the main
 // thread's backward pass of another, so that while one waits for its expert all-to-all the other
 // computes (DeepSeek-V3 §3.2.1).
@@ -49,6 +49,7 @@ class LaneGroups {
   LaneGroups(Communicator* main, Communicator* side) : main_(main), side_(side ? side : main) {}
   // The calling thread's communicator (null when no group was handed in).
   Communicator* current() const { return current_lane() == Lane::kSide ? side_ : main_; }
+  Communicator* main() const { return main_; }
   bool has_side() const { return side_ != main_; }
 
  private:

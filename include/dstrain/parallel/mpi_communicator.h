@@ -24,7 +24,7 @@ class MpiCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "mpi"; }
+  Backend backend() const override { return Backend::kMpi; }
   MPI_Comm comm() const { return comm_; }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override;

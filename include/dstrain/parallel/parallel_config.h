@@ -1,5 +1,5 @@
-// The [parallel] and [comm] sections: how many ranks form each dimension of the grid, in which
-// order, and what carries their collectives.
+// The [parallel] and [comm] sections: how many ranks form each dimension of the grid
+// (parallel_grid.h), in which order, and what carries their collectives.
 #pragma once
 
 #include <cstdint>
@@ -7,26 +7,29 @@
 #include <vector>
 
 #include "dstrain/core/config.h"
+#include "dstrain/parallel/backend.h"
 
 namespace dstrain {
 
 struct ParallelConfig {
-  int dp = 1;
+  int tp = 1;  // tensor parallelism (1 until it is built)
+  int cp = 1;  // context parallelism (1 until it is built)
+  int dp = 1;  // resolved: never 0 after read_parallel_config
   int pp = 1;
-  // Expert parallelism: each MoE layer's routed experts split over `ep` ranks of every
-  // data-parallel group (consecutive data shards: ep rank = dp index % ep, the innermost part of
-  // the data dimension), so that the token exchange stays among neighbouring ranks.
+  // Expert parallelism: each MoE layer's routed experts split over `ep` ranks of the tp × cp × dp
+  // ranks of a stage, the expert grid's innermost dimension by default.
   int ep = 1;
-  std::string order = "dp-pp";
-  std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved | zb-h1 | zbv | dualpipev
-  int virtual_stages = 1;             // model chunks per pipeline stage (interleaved, zbv, dualpipev)
-  bool dualpipe_overlap = false;      // dualpipev: a pair's forward and backward side by side
-  std::vector<int64_t> stage_layers;  // layers per virtual stage; empty: balanced by cost
+  std::string order = "tp-cp-ep-dp-pp";  // complete: every name, innermost first
 };
 
+// What gradients travel in between data-parallel ranks (comm.grad_dtype): a dtype, or 8-bit
+// values in blocks with a scale each.
+enum class GradientWire { kFp32, kBf16, kFp16, kInt8, kFp8 };
+const EnumNames<GradientWire>& gradient_wire_names();  // fp32, bf16, fp16, int8, fp8
+
 struct CommConfig {
-  std::string backend = "auto";     // auto | mpi | nccl
-  std::string grad_dtype = "fp32";  // dtype gradients are reduced in: fp32 | bf16 | fp16 | int8 | fp8
+  Backend backend = Backend::kAuto;
+  GradientWire grad_dtype = GradientWire::kFp32;
   bool error_feedback = false;      // int8/fp8: each rank carries its quantization error over
   double timeout_s = 600;
   double bucket_mb = 25;            // gradient buckets of the data-parallel average
@@ -36,8 +39,9 @@ struct CommConfig {
 
 void add_parallel_options(OptionTable& table);
 void add_comm_options(OptionTable& table);
-// Resolves parallel.dp = 0 to world / pp (recording the result in `options`) and checks that the
-// grid fills the world and that ep divides dp. Throws Error(kUsage) naming the key.
+// Resolves parallel.dp = 0 to world / (tp × cp × pp) and completes parallel.order (recording both
+// in `options`), and checks that the grids fill the world, that ep divides tp × cp × dp and that
+// the order gives every rank one pipeline stage (parallel_grid.h). Throws Error(kUsage) naming the key.
 ParallelConfig read_parallel_config(Options& options, int world_size);
 // parallel.ep against the model: it must have routed experts, and ep must divide their number.
 void check_expert_parallelism(const ParallelConfig& parallel, int64_t routed_experts);

@@ -1,12 +1,14 @@
-// MPI start-up and the communicators of this rank's place in the DP × PP grid.
+// MPI start-up and the communicators of this rank's groups in the parallel grid.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "dstrain/parallel/compute_lane.h"
 #include "dstrain/parallel/mpi_communicator.h"
-#include "dstrain/parallel/parallel_config.h"
-#include "dstrain/parallel/rank_grid.h"
+#include "dstrain/parallel/parallel_grid.h"
 
 namespace dstrain {
 
@@ -37,36 +39,45 @@ class MpiSession {
 // MPI_Finalize; nothing when MPI was never initialised or is finalized already.
 void finalize_mpi();
 
-// comm.backend "auto" resolved for a device: nccl on a GPU when dstrain has NCCL, else mpi.
+// comm.backend auto resolved for a device: nccl on a GPU when dstrain has NCCL, else mpi.
 // Throws Error(kUsage) for nccl on the CPU or in a build without NCCL.
-std::string resolve_backend(const std::string& requested, const torch::Device& device);
+Backend resolve_backend(Backend requested, const torch::Device& device);
 
-struct ParallelContext {
-  RankGrid grid;
-  int world_rank;
-  GridCoord coord;
-  std::unique_ptr<MpiCommunicator> world;  // start-up agreements and small host-side exchanges
-  std::unique_ptr<Communicator> dp_group;  // same stage, every data shard
-  std::unique_ptr<Communicator> pp_group;  // same data shard, every stage
-  // Expert parallelism (ep > 1 only; nullptr otherwise): each data-parallel group splits into
-  // groups of `ep` consecutive data shards, which hold one copy of the routed experts between
-  // them and exchange tokens (ep_group, ordered by data shard: a member's rank is its ep rank);
-  // the members that hold the same experts, one in each of those groups, average their
-  // gradients (expert_dp_group, dp / ep ranks).
-  int ep = 1;
-  std::unique_ptr<Communicator> ep_group;
-  // The MPI backend's second communicator over ep_group's ranks, for the forward passes that
-  // DualPipeV's pairs run on a side thread (compute_lane.h); nullptr with NCCL, or where MPI
-  // does not provide MPI_THREAD_MULTIPLE.
-  std::unique_ptr<Communicator> ep_side_group;
-  std::unique_ptr<Communicator> expert_dp_group;
+// This rank's communicators: the world's, and one for each of its groups (parallel_grid.h), which
+// the training code asks for by name. Groups of the same ranks share one communicator (with cp = 1
+// the dp-cp group is the dp group; with ep = 1 the edp group is it too; every group of one rank
+// is the rank alone), so that no collective needs a communicator of its own without a reason;
+// the expert-parallel group, whose exchanges overlap the gradients' reduction, has its own.
+class ParallelContext {
+ public:
+  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid and backend (a
+  // resolved one: mpi or nccl). `device` is this rank's.
+  static ParallelContext create(const ParallelGrid& grid, Backend backend = Backend::kMpi,
+                                const torch::Device& device = torch::kCPU, double timeout_s = 600);
 
-  int ep_rank() const { return coord.dp % ep; }
+  const ParallelGrid& grid() const { return grid_; }
+  int world_rank() const { return world_rank_; }
+  // Start-up agreements and small host-side exchanges (MPI whatever the backend).
+  MpiCommunicator& world() const { return *world_; }
+  Communicator& group(Group group) const;
+  // The expert-parallel group, with the MPI backend's second communicator over its ranks for the
+  // forward passes that DualPipeV's pairs run on a side lane (compute_lane.h) where there is one
+  // (MPI with MPI_THREAD_MULTIPLE and ep > 1).
+  LaneGroups expert_lanes() const { return LaneGroups(&group(Group::kEp), ep_side_.get()); }
 
-  // Collective over MPI_COMM_WORLD: every rank must call it with the same grid, ep and backend
-  // (a resolved one: "mpi" or "nccl"). `device` is this rank's. `ep` divides grid.dp().
-  static ParallelContext create(const RankGrid& grid, const std::string& backend = "mpi",
-                                const torch::Device& device = torch::kCPU, double timeout_s = 600, int ep = 1);
+  // Every kind of group with its size, on one line; with `ranks`, every group's members too, a
+  // line per kind: what the start-up log says of the layout.
+  std::string describe(bool ranks) const;
+
+ private:
+  ParallelContext(const ParallelGrid& grid, int world_rank) : grid_(grid), world_rank_(world_rank) {}
+
+  ParallelGrid grid_;
+  int world_rank_;
+  std::unique_ptr<MpiCommunicator> world_;
+  std::vector<std::unique_ptr<Communicator>> communicators_;  // one per distinct group of this rank
+  std::map<Group, Communicator*> groups_;
+  std::unique_ptr<Communicator> ep_side_;
 };
 
 // After a phase in which any rank may fail on its own (opening files, say), every rank learns the

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dstrain/core/accelerator.h"
-#include "dstrain/core/weight_gradient_store.h"
+#include "dstrain/pipeline/weight_gradient_store.h"
 #include "dstrain/parallel/communicator.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
@@ -29,9 +29,11 @@ struct ActivationShape {
 class PipelineExecutor {
  public:
   // Chunk c of `model` is virtual stage c × pp + stage of `train` (and of `eval`, the
-  // forward-only schedule). `model` outlives the executor.
-  PipelineExecutor(Schedule train, Schedule eval, int stage, PipelineStage& model, Communicator& pp_group,
-                   const ActivationShape& shape);
+  // forward-only schedule). `weight_gradients`: where the model's products leave their weight
+  // gradients (ComputeOptions::deferral) for the W actions of a zero-bubble schedule. Both outlive
+  // the executor.
+  PipelineExecutor(Schedule train, Schedule eval, int stage, PipelineStage& model,
+                   WeightGradientStore& weight_gradients, Communicator& pp_group, const ActivationShape& shape);
 
   // The tokens of micro-batch i, int64 [micro_batch, seq_len + 1] on the device: asked for on
   // the stages that hold the first or the last virtual stage (inputs, targets).
@@ -113,7 +115,7 @@ class PipelineExecutor {
   // gradient) and the output (activation to send back the gradient through, or the loss).
   std::map<Key, torch::Tensor> inputs_, outputs_;
   std::map<Key, torch::Tensor> received_grads_;
-  WeightGradientStore weight_gradients_;       // split backward passes: the W actions' work
+  WeightGradientStore& weight_gradients_;     // split backward passes: the W actions' work
   std::vector<std::unique_ptr<Work>> sends_;  // schedules whose sends do not wait: this step's
   std::vector<std::pair<accel::Timestamp, accel::Timestamp>> waits_, steps_;
   struct ComputeSpan {

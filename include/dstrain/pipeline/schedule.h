@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "dstrain/core/config.h"
+
 namespace dstrain {
 
 enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad, kWeight };
@@ -30,7 +32,7 @@ struct Action {
   int chunk;     // this stage's chunk (0 .. v-1); for transfers, the chunk that sends or receives
   int peer = -1; // transfers: the other stage
   // A forward that DualPipeV pairs with the backward pass after it (and its weight gradients):
-  // the two may run side by side (pipeline/side_lane.h).
+  // the two may run side by side (parallel/side_lane.h).
   bool paired = false;
 
   bool is_compute() const {
@@ -70,8 +72,9 @@ struct Schedule {
   bool sends_without_waiting() const { return splits_backward(); }
 };
 
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zbv" | "dualpipev"; throws Error(kUsage) naming
-// parallel.schedule otherwise.
+// parallel.schedule's names (the training schedules: gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev).
+const EnumNames<ScheduleKind>& schedule_names();
+// One of schedule_names(); throws Error(kUsage) naming parallel.schedule otherwise.
 ScheduleKind schedule_kind_named(const std::string& name);
 const char* schedule_name(ScheduleKind kind);
 

@@ -9,6 +9,7 @@
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "dstrain/ckpt/model_shape.h"  // model_shape_text: what ResumeExpectations::model_shape holds
 #include "dstrain/ckpt/training_checkpoint.h"
+#include "dstrain/model/model_config.h"
 #include "dstrain/optim/adamw.h"
 #include "dstrain/train/model_gradients.h"
 
@@ -27,6 +28,7 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& 
 void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout);
 
 struct ResumeExpectations {
+  ModelConfig model;
   std::string model_shape;  // model_shape_text of the run's model
   std::string corpus_path, corpus_fingerprint;
   uint64_t global_batch = 0, seq_len = 0;

@@ -9,7 +9,7 @@
 
 #include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/loss_scaler.h"
-#include "dstrain/train/step_report.h"
+#include "dstrain/report/step_report.h"
 #include "dstrain/train/train_config.h"
 
 namespace dstrain {
@@ -49,7 +49,7 @@ class StepGuards {
   bool stop_requested_anywhere() const;
 
  private:
-  bool fault_due(int64_t step, const char* mode) const;
+  bool fault_due(int64_t step, FailMode mode) const;
 
   const TrainConfig& config_;
   ParallelContext& parallel_;

@@ -16,7 +16,7 @@ namespace dstrain {
 // Bytes one rank holds.
 struct MemoryPlan {
   double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
-  std::map<std::string, double> activations_by_recompute;  // the step's peak, by train.recompute
+  std::map<Recompute, double> activations_by_recompute;  // the step's peak, by train.recompute
   double total() const { return parameters + gradients + optimizer_state + activations; }
 };
 
@@ -32,11 +32,12 @@ StageParameters stage_parameters(const ModelConfig& model, const std::vector<Lay
 // train.cuda_kernels.
 FusedOperations fused_operations(const TrainConfig& config);
 
-// Per rank of parallel.dp × parallel.pp with parallel.ep: the replicated parameters whole and
-// 1/ep of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and
-// fp32 masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the
-// same parameters: dp of them for the replicated part, dp / ep for the experts. The state is that
-// of the stage holding the most; the activations those of the stage whose step peaks highest.
+// Per rank of the configuration's grid (parallel_grid.h): the replicated parameters whole and 1/ep
+// of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and fp32
+// masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the same
+// parameters: the dp-cp group for the replicated part, the edp group for the experts. The state
+// is that of the stage holding the most; the activations those of the stage whose step peaks
+// highest.
 MemoryPlan plan_memory(const TrainConfig& config, const FusedOperations& fused);
 
 // Before anything is allocated: the plan's parameters, gradients and optimizer state (held from

@@ -1,25 +1,35 @@
 // A rank's gradients, one GradientBuffer per set of ranks that hold the same copy of its
-// parameters. Every parameter is held by the whole data-parallel group, except, under expert
-// parallelism, the routed experts: each is held by the dp / ep ranks of its expert-data group, and
-// receives in each of them the gradients of the tokens of a whole expert-parallel group (ep data
-// shards). Their sum over the expert-data group therefore covers every data shard once, and is
-// divided by dp, as the others' average is. The global norm counts every parameter once.
+// parameters. The dense parameters are held by the dp-cp group, the routed experts by the edp
+// group (parallel_grid.h): under expert parallelism a smaller one, each member of which receives
+// the gradients of the tokens of a whole expert-parallel group (ep of the dense group's ranks).
+// Their sum over the edp group therefore covers every rank's tokens once, and is divided by the
+// dense group's size, as the others' average is. Without expert parallelism the two groups are
+// one, and so is the buffer. The global norm counts every parameter once.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "dstrain/parallel/parallel_context.h"
 #include "dstrain/optim/grad_buffer.h"
+#include "dstrain/parallel/communicator.h"
 
 namespace dstrain {
+
+// The groups a rank's gradients travel in (ParallelContext::group), which outlive the gradients.
+struct GradientGroups {
+  Communicator& dense;            // dp-cp: the copies of the dense parameters, averaged over it
+  Communicator& experts;          // edp: the copies of the routed experts (the dense group when ep = 1)
+  Communicator& expert_parallel;  // ep: the parts of one copy of the routed experts
+  Communicator& stages;           // pp
+  int world_rank;
+};
 
 class ModelGradients {
  public:
   // `params` by global name, `use_order` as GradientBuffer takes them; `reduction`'s group is
-  // ignored: the data-parallel group, and the expert-data group for routed experts.
-  ModelGradients(const NamedTensors& params, const std::vector<torch::Tensor>& use_order,
-                 GradientReduction reduction, ParallelContext& parallel);
+  // ignored: the dense group, and the experts' group for routed experts.
+  ModelGradients(const NamedTensors& params, const std::vector<torch::Tensor>& use_order, GradientReduction reduction,
+                 const GradientGroups& groups);
 
   void zero();
   void set_microbatches(int64_t microbatches);  // per step, as GradientBuffer's
@@ -45,7 +55,7 @@ class ModelGradients {
   bool writes_experts() const;
 
  private:
-  ParallelContext& parallel_;
+  GradientGroups groups_;
   std::unique_ptr<GradientBuffer> replicated_, experts_;
 };
 

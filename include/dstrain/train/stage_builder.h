@@ -11,8 +11,11 @@
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/parallel/parallel_context.h"
+#include "dstrain/model/compute_options.h"
 #include "dstrain/model/layer_slice.h"
+#include "dstrain/parallel/expert_all_to_all.h"
 #include "dstrain/pipeline/executor.h"
+#include "dstrain/pipeline/weight_gradient_store.h"
 #include "dstrain/train/language_model_stage.h"
 #include "dstrain/train/train_config.h"
 
@@ -20,6 +23,12 @@ namespace dstrain {
 
 struct RankStage {
   std::vector<LayerSlice> slices;  // of every virtual stage of the pipeline, in order
+  // What the chunks' modules were handed (ComputeOptions), before the chunks that use them, so
+  // that they go after them. (A RankStage is built whole and moved into an empty one, never
+  // assigned over a built one, whose members would go in declaration order.)
+  std::unique_ptr<RerunClock> rerun_clock;
+  std::unique_ptr<WeightGradientStore> weight_gradients;
+  std::unique_ptr<ExpertAllToAll> expert_exchange;  // expert parallelism only
   std::unique_ptr<LanguageModelStage> model;
   std::unique_ptr<PipelineExecutor> executor;
 
@@ -35,6 +44,10 @@ struct RankStage {
   // Layers per virtual stage, "2,2": what a checkpoint records of the split.
   std::string layers_per_virtual_stage() const;
 };
+
+// How the chunks' modules compute (train.recompute, train.cuda_kernels, train.grouped_experts),
+// without the rank's exchanges and deferral: what a model on one process (generate) takes too.
+ComputeOptions compute_options(const LoopConfig& loop);
 
 // Initial parameters: from (run.seed, name) alone, so that every layout starts alike; or left
 // for a checkpoint to fill (evaluation).

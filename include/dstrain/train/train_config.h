@@ -7,10 +7,14 @@
 
 #include "dstrain/ckpt/ckpt_config.h"
 #include "dstrain/core/config.h"
+#include "dstrain/core/torch_api.h"
 #include "dstrain/data/batch_rampup.h"
 #include "dstrain/parallel/parallel_config.h"
 #include "dstrain/model/model_config.h"
+#include "dstrain/model/recompute.h"
 #include "dstrain/optim/optim_config.h"
+#include "dstrain/parallel/device.h"
+#include "dstrain/pipeline/pipeline_config.h"
 
 namespace dstrain {
 
@@ -18,6 +22,9 @@ struct RunConfig {
   std::string dir;
   uint64_t seed = 0;
 };
+
+// train.precision's names: fp32, bf16, fp16.
+const EnumNames<torch::ScalarType>& precision_names();
 
 struct LoopConfig {
   int64_t steps = 0;
@@ -28,12 +35,12 @@ struct LoopConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   int threads = 1;
-  std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  DeviceRequest device = DeviceRequest::kAuto;
+  torch::ScalarType precision = torch::kFloat32;  // of parameters and activations: fp32, bf16 or fp16
   double peak_tflops = 0;          // 0: known figures by GPU name
   bool cuda_kernels = true;        // dstrain's own, where built (model/cuda_kernels.h)
   bool grouped_experts = true;     // LibTorch's grouped product for routed experts (model/grouped_matmul.h)
-  std::string recompute = "none";  // none | selective | full (model/recompute.h)
+  Recompute recompute = Recompute::kNone;
   int64_t recompute_layers = 0;    // full: the first N decoder layers of each model chunk; 0: all
   BatchRampup rampup;              // the global batch's ramp-up to global_batch (data/batch_rampup.h)
   // The global batch of a step that starts after `consumed` samples, and its micro-batches per rank.
@@ -51,22 +58,26 @@ struct DataConfig {
 // fail_at_step, kills itself (kill), kills itself while its checkpoint is being written
 // (kill_in_save), signals itself SIGTERM (sigterm), stops answering (hang), or makes its
 // gradients NaN (nan).
+enum class FailMode { kKill, kKillInSave, kSigterm, kSigint, kHang, kNan };
+
 struct DebugConfig {
   int64_t fail_at_step = 0;  // 0: never
   int fail_rank = 0;
-  std::string fail_mode = "kill";
+  FailMode fail_mode = FailMode::kKill;
   bool forbid_host_sync = false;  // accel::HostSyncForbidden around each training step
 };
 
 struct LogConfig {
   int64_t interval = 1;
   bool all_ranks = false;
+  bool rank_groups = false;  // the start-up log lists every group's ranks
 };
 
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
   ParallelConfig parallel;
+  PipelineConfig pipeline;
   CommConfig comm;
   LoopConfig loop;
   OptimConfig optim;

@@ -24,6 +24,8 @@ struct TrainResult {
   // The most a training step held in tensors above what it started with: its activations and
   // temporaries (core/step_memory.h); 0 when no step ran.
   int64_t peak_activation_bytes = 0;
+  // Host seconds this rank spent rerunning recomputed parts in backward passes (model/recompute.h).
+  double rerun_seconds = 0;
   bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
   // Where the run directory's files are (run_files_text), for `train` to say: on world rank 0,
   // once the summary is written. (A benchmark deletes its run directory and says nothing of it.)

@@ -154,7 +154,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "nccl"; }
+  Backend backend() const override { return Backend::kNccl; }
 
   void all_reduce(torch::Tensor& t, ReduceOp op) override {
     require_on_device(t, "all_reduce");

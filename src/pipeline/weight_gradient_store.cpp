@@ -1,55 +1,39 @@
-#include "dstrain/core/weight_gradient_store.h"
+#include "dstrain/pipeline/weight_gradient_store.h"
 
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 
 #include "dstrain/core/error.h"
 
 namespace dstrain {
-namespace {
-
-std::atomic<int> deferrals{0};
-// The collection under way: the backward pass that fills it may run on the autograd engine's
-// device thread while the thread that started it waits.
-std::mutex collecting_mutex;
-std::vector<std::pair<torch::Tensor, std::function<torch::Tensor()>>>* collecting = nullptr;
-
-}  // namespace
-
-bool WeightGradientStore::deferring() { return deferrals.load() > 0; }
-
-WeightGradientStore::Deferral::Deferral() { ++deferrals; }
-WeightGradientStore::Deferral::~Deferral() { --deferrals; }
 
 void WeightGradientStore::defer(const torch::Tensor& weight, std::function<torch::Tensor()> gradient) {
-  std::lock_guard<std::mutex> lock(collecting_mutex);
-  if (collecting == nullptr)
+  std::lock_guard<std::mutex> lock(collecting_mutex_);
+  if (collecting_ == nullptr)
     throw Error(ExitCode::kInternal, "a deferred weight gradient outside the B action of a zero-bubble schedule");
-  collecting->emplace_back(weight, std::move(gradient));
+  collecting_->push_back({weight, std::move(gradient)});
 }
 
 void WeightGradientStore::collect(const Key& key, const std::function<void()>& backward) {
-  std::vector<std::pair<torch::Tensor, std::function<torch::Tensor()>>> work;
+  std::vector<Work> work;
   {
-    std::lock_guard<std::mutex> lock(collecting_mutex);
-    collecting = &work;
+    std::lock_guard<std::mutex> lock(collecting_mutex_);
+    collecting_ = &work;
   }
   try {
     backward();
   } catch (...) {
-    std::lock_guard<std::mutex> lock(collecting_mutex);
-    collecting = nullptr;
+    std::lock_guard<std::mutex> lock(collecting_mutex_);
+    collecting_ = nullptr;
     throw;
   }
   {
-    std::lock_guard<std::mutex> lock(collecting_mutex);
-    collecting = nullptr;
+    std::lock_guard<std::mutex> lock(collecting_mutex_);
+    collecting_ = nullptr;
   }
   std::vector<Work>& kept = pending_[key];
-  for (auto& [weight, gradient] : work) kept.push_back({weight, std::move(gradient)});
+  for (Work& done : work) kept.push_back(std::move(done));
 }
 
 void WeightGradientStore::compute(const Key& key) {

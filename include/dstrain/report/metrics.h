@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "dstrain/train/report_sink.h"
+#include "dstrain/report/report_sink.h"
 
 namespace dstrain {
 

@@ -1,4 +1,4 @@
-#include "dstrain/train/tensorboard.h"
+#include "dstrain/report/tensorboard.h"
 
 #include <map>
 #include <utility>

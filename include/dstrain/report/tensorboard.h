@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "dstrain/train/event_file.h"
-#include "dstrain/train/report_sink.h"
+#include "dstrain/report/event_file.h"
+#include "dstrain/report/report_sink.h"
 
 namespace dstrain {
 

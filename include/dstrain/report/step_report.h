@@ -1,8 +1,9 @@
 // The step report: each log interval's statistics (summed on the device, read once at the log
 // step), the record of the interval and of each evaluation, and the sinks every record goes to:
-// the console's log line, metrics.jsonl and TensorBoard. Other components add fields to a record
-// through field sources (the pipeline's bubble, the expert balance, the fp16 loss scale) and
-// nothing else writes a record.
+// the console's log line, metrics.jsonl and TensorBoard. The components add the fields they
+// measure to a record through field sources they register (train/report_fields.h: the pipeline's
+// bubble, the expert balance and exchange, the data-parallel reduction, the fp16 loss scale), as
+// torchtitan's metrics processor takes its components' metrics; nothing else writes a record.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -17,12 +18,7 @@
 #include <vector>
 
 #include "dstrain/parallel/parallel_context.h"
-#include "dstrain/optim/lr_schedule.h"
-#include "dstrain/optim/moe_balancing.h"
-#include "dstrain/pipeline/executor.h"
-#include "dstrain/train/language_model_stage.h"
-#include "dstrain/train/model_gradients.h"
-#include "dstrain/train/report_sink.h"
+#include "dstrain/report/report_sink.h"
 
 namespace dstrain {
 
@@ -72,8 +68,9 @@ class StepReport {
   void start() { interval_ = Interval{}; }
   void add(const StepResult& step);
   bool due(int64_t step) const { return step % settings_.log_interval == 0 || step == settings_.total_steps; }
-  // The log step: the interval's means summed over the stages, averaged over the data-parallel
-  // ranks: the only host synchronisation of the interval. Returns the interval's mean loss.
+  // The log step: the interval's means summed over the stages (pp), averaged over the ranks that
+  // read other data (dp-cp): the only host synchronisation of the interval. Returns the interval's
+  // mean loss.
   double measure(int64_t step, const StepResult& last);
   // Completes the measured interval's record (the field sources) and writes it to every sink.
   void write();
@@ -113,24 +110,5 @@ class StepReport {
   int64_t consumed_ = 0;  // samples of the steps so far
   StepResult last_{};     // the last step's batch and learning rate
 };
-
-// The share of the steps' time each stage's device waited for its neighbours, averaged over
-// every rank: the pipeline's bubble as it happened (collective over the world).
-StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, ParallelContext& parallel);
-// This stage's MoE layers: max/mean of the tokens their experts received in the last step, and
-// under expert parallelism the same for the expert-parallel ranks and the ranks a token reached.
-StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing);
-// Expert parallelism: the share of the interval's time spent exchanging tokens (dispatch and
-// combine, forward and backward, waits for peers included), averaged over every rank (collective);
-// with DualPipeV's pairs side by side, the share of that time the other lane's computation hid.
-// `start_step`: the step the run continues after.
-StepReport::FieldSource expert_exchange_field(const LanguageModelStage& stage, PipelineExecutor& executor,
-                                              ParallelContext& parallel, int64_t start_step);
-// The data-parallel gradient reduction, per step of the interval and averaged over every rank
-// (collective): the bytes a rank sent, and with `host_clocks` (the MPI backend) the time a bucket
-// was under way and the part the step waited for after its backward pass (what overlap did not
-// hide).
-StepReport::FieldSource data_parallel_comm_field(const ModelGradients& grads, ParallelContext& parallel,
-                                                 bool host_clocks);
 
 }  // namespace dstrain

@@ -1,4 +1,4 @@
-#include "dstrain/train/metrics.h"
+#include "dstrain/report/metrics.h"
 
 #include <cmath>
 #include <cstdio>

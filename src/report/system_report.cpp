@@ -1,4 +1,4 @@
-#include "dstrain/train/system_report.h"
+#include "dstrain/report/system_report.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <hdf5.h>

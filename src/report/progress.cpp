@@ -1,10 +1,10 @@
-#include "dstrain/train/progress.h"
+#include "dstrain/report/progress.h"
 
 #include <cmath>
 #include <cstdio>
 
 #include "dstrain/core/log.h"
-#include "dstrain/train/metrics.h"
+#include "dstrain/report/metrics.h"
 
 namespace dstrain {
 

@@ -1,4 +1,4 @@
-#include "dstrain/pipeline/side_lane.h"
+#include "dstrain/parallel/side_lane.h"
 
 #include <ATen/ThreadLocalState.h>
 

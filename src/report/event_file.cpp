@@ -1,4 +1,4 @@
-#include "dstrain/train/event_file.h"
+#include "dstrain/report/event_file.h"
 
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // E4M3 codes to values by a table of all 256, and values to codes by a search of its sorted
 // positive half (fp8_e4m3.h).
-#include "dstrain/ckpt/fp8_e4m3.h"
+#include "dstrain/core/fp8_e4m3.h"
 
 #include <algorithm>
 #include <array>

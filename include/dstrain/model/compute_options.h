@@ -1,0 +1,39 @@
+// How a model chunk's modules compute, besides the model's shape (ModelConfig): chosen by whoever
+// builds the chunk (the stage builder, from the run's configuration; eval and generate) and handed
+// to every module at construction. The model reads no flag, global or thread-local state of its
+// own, and reaches other ranks only through the interfaces given here.
+#pragma once
+
+#include <memory>
+
+#include "dstrain/model/cuda_kernels.h"
+#include "dstrain/model/recompute.h"
+
+namespace dstrain {
+
+class ExpertExchange;          // expert_exchange.h
+class GroupedMatmul;           // grouped_matmul.h
+class WeightGradientDeferral;  // weight_gradient_deferral.h
+
+struct ComputeOptions {
+  // train.recompute: full reruns whole decoder layers (the first `layers` of each chunk), selective
+  // the cheap parts of each; the reruns' host time counts on `rerun_clock` (nullptr: not counted).
+  RecomputePlan recompute;
+  RerunClock* rerun_clock = nullptr;
+  // train.cuda_kernels: dstrain's own kernels (model/cuda) on GPU tensors; only where built.
+  bool cuda_kernels = cuda_kernels_built();
+  // train.grouped_experts: the routed experts' products as one grouped kernel where LibTorch has
+  // one (shared by the chunk's layers, which stop trying together when LibTorch refuses it);
+  // nullptr: one product per expert.
+  std::shared_ptr<GroupedMatmul> grouped_matmul;
+  // Zero-bubble schedules: where the products leave their weight gradients for the W action
+  // (pipeline/weight_gradient_store.h); nullptr: never deferred.
+  WeightGradientDeferral* deferral = nullptr;
+  // Expert parallelism: how a MoE layer's rows reach the ranks that hold their experts
+  // (parallel/expert_all_to_all.h); nullptr: the layer holds every expert and computes here.
+  ExpertExchange* expert_exchange = nullptr;
+
+  SelectiveRecompute selective() const { return {recompute.mode == Recompute::kSelective, rerun_clock}; }
+};
+
+}  // namespace dstrain

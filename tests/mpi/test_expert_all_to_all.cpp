@@ -1,0 +1,85 @@
+// Expert parallelism's exchange (parallel/expert_all_to_all.h) on real ranks: each rank's rows,
+// sent to the ranks holding their experts, computed there and sent back, come back as the rank
+// would have computed them holding every expert itself (model/expert_exchange.h's local exchange),
+// forward and backward; uneven counts, experts without rows and a rank that sends nothing included.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "dstrain/parallel/expert_all_to_all.h"
+#include "dstrain/parallel/mpi_communicator.h"
+
+using namespace dstrain;
+
+namespace {
+
+constexpr int64_t kExpertsPerRank = 2, kWidth = 3;
+
+// Expert e multiplies a row by its own matrix: what every rank can compute for any expert.
+torch::Tensor expert_weights(int64_t experts) {
+  torch::manual_seed(11);
+  return torch::randn({experts, kWidth, kWidth}, torch::kFloat64);
+}
+
+// Rows sorted by expert, `counts` of each: through each one's matrix.
+torch::Tensor through_experts(const torch::Tensor& rows, const std::vector<int64_t>& counts,
+                              const torch::Tensor& weights, int64_t first_expert) {
+  std::vector<torch::Tensor> parts;
+  int64_t start = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    parts.push_back(rows.narrow(0, start, counts[e]).mm(weights[first_expert + static_cast<int64_t>(e)]));
+    start += counts[e];
+  }
+  return torch::cat(parts);
+}
+
+// This rank's rows for each global expert: uneven, some none, and none at all from rank 1.
+std::vector<int64_t> rows_per_expert(int rank, int64_t experts) {
+  std::vector<int64_t> counts;
+  for (int64_t e = 0; e < experts; ++e) counts.push_back(rank == 1 ? 0 : (rank + 2 * e) % 4);
+  return counts;
+}
+
+}  // namespace
+
+TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  MpiCommunicator group(dup);
+  const int rank = group.rank();
+  const int64_t experts = kExpertsPerRank * group.size();
+  const torch::Tensor weights = expert_weights(experts);
+  const std::vector<int64_t> counts = rows_per_expert(rank, experts);
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  torch::manual_seed(100 + rank);
+  const torch::Tensor source = torch::randn({total, kWidth}, torch::kFloat64);
+  const torch::Tensor upstream = torch::randn({total, kWidth}, torch::kFloat64);
+  const torch::Tensor count_tensor = torch::tensor(counts, torch::kInt64);
+
+  torch::Tensor local_rows = source.clone().requires_grad_(true);
+  LocalExpertExchange local;
+  const ExchangePlan local_plan = local.plan(count_tensor, false);
+  torch::Tensor expected = local.combine(
+      through_experts(local.dispatch(local_rows, local_plan), local_plan.rows_per_expert, weights, 0), local_plan);
+  expected.backward(upstream);
+
+  ExpertAllToAll exchange(LaneGroups(&group, nullptr));
+  const ExpertShard shard = exchange.shard();
+  EXPECT_EQ(shard.index, rank);
+  EXPECT_EQ(shard.count, group.size());
+  torch::Tensor rows = source.clone().requires_grad_(true);
+  const ExchangePlan plan = exchange.plan(count_tensor, /*measured=*/true);
+  ASSERT_EQ(static_cast<int64_t>(plan.rows_per_expert.size()), kExpertsPerRank);
+  const torch::Tensor received = exchange.dispatch(rows, plan);
+  int64_t mine = 0;
+  for (int64_t n : plan.rows_per_expert) mine += n;
+  EXPECT_EQ(received.size(0), mine);
+  torch::Tensor got =
+      exchange.combine(through_experts(received, plan.rows_per_expert, weights, shard.first(experts)), plan);
+  got.backward(upstream);
+
+  EXPECT_TRUE(torch::allclose(got, expected, 1e-12, 1e-12)) << "rank " << rank;
+  EXPECT_TRUE(torch::allclose(rows.grad(), local_rows.grad(), 1e-12, 1e-12)) << "rank " << rank;
+  EXPECT_GE(exchange.take_seconds(), 0.0);
+  EXPECT_EQ(exchange.take_seconds(), 0.0) << "taken twice";
+}
