@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages dstrain builds and runs with; with --with-tests also what the
 # tests need: Slurm with PMIx for the job scripts (on one node, and on the cluster in miniature's
-# network namespaces), and Lmod for the modulefiles.
+# network namespaces), Lmod for the modulefiles, and Node.js with npm for the tokenizer's parity
+# with tiktoken (tests/parity, which fetches tiktoken from the npm registry).
 # Idempotent: when everything is already there it only checks (dpkg-query) and returns in well
 # under a second.
 set -euo pipefail
@@ -25,6 +26,9 @@ if [[ ${1:-} == --with-tests ]]; then
   packages+=(slurm-wlm slurmctld slurmd slurm-client munge libpmix-dev  # Slurm for jobs/ (srun --mpi=pmix)
              lmod                                                      # modulefiles/
              iproute2 util-linux)  # ip, tc, nsenter, unshare: the cluster in miniature (tests/cluster/)
+  # tests/parity: tiktoken and GPT-2's encoder, independent tokenizers, from npm. Debian's packages
+  # unless a Node.js with its own npm is there already (NodeSource's conflicts with Debian's npm).
+  command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 
 # Installed, OpenBLAS takes libblas.so.3 and liblapack.so.3 in Debian's alternatives (its

@@ -4,7 +4,7 @@
 #   tests/slurm/cluster.sh start DIR    writes DIR/slurm.conf, starts the daemons, waits for the node
 #   tests/slurm/cluster.sh stop DIR     stops them (whatever state they are in) and frees the ports
 # Needs root (the daemons run as root here) and Debian's slurm-wlm, munge and libpmix-dev
-# (scripts/install-test-deps.sh). Clients use SLURM_CONF=DIR/slurm.conf.
+# (scripts/install-deps.sh --with-tests). Clients use SLURM_CONF=DIR/slurm.conf.
 set -euo pipefail
 action=${1:?start or stop}
 dir=${2:?state directory}
@@ -33,7 +33,7 @@ fi
 [[ $action == start ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: the test cluster's daemons need root"; exit 77; }
 for tool in slurmctld slurmd munged sbatch; do
-  command -v "$tool" >/dev/null || { echo "error: $tool missing: run scripts/install-test-deps.sh" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "error: $tool missing: run scripts/install-deps.sh --with-tests" >&2; exit 1; }
 done
 stop  # leftovers of an earlier run that was killed
 

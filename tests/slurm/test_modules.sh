@@ -7,7 +7,7 @@
 set -uo pipefail
 build=${1:?} source_dir=${2:?} work=${3:?}
 lmod_init=/usr/share/lmod/lmod/init/bash
-[[ -f $lmod_init ]] || { echo "FAIL: Lmod is missing ($lmod_init): scripts/install-test-deps.sh installs it"; exit 1; }
+[[ -f $lmod_init ]] || { echo "FAIL: Lmod is missing ($lmod_init): scripts/install-deps.sh --with-tests installs it"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 
