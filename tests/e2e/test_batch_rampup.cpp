@@ -1,8 +1,8 @@
 // Batch-size ramp-up (train.batch_rampup) on real mpirun ranks: a ramped run equals, step for
 // step and bitwise, runs started with each of its batch sizes at the same data positions, each
 // resumed from the other's checkpoint; it resumes bitwise in the middle of its ramp; a ramp whose
-// sizes do not divide over the ranks is refused naming the first; the learning rate can count
-// tokens instead of steps.
+// sizes do not divide over the ranks is refused naming the first; pipeline schedules follow it;
+// the learning rate can count tokens instead of steps.
 #include <gtest/gtest.h>
 
 #include "e2e_util.h"
@@ -93,6 +93,34 @@ TEST(BatchRampup, ResumesBitwiseInTheMiddleOfTheRamp) {
   for (size_t i = 0; i < here.size(); ++i) {
     EXPECT_EQ(here[i]["global_batch"], there[i + 6]["global_batch"]);
     EXPECT_NEAR(here[i]["loss"].get<double>(), there[i + 6]["loss"].get<double>(), 1e-5) << "step " << i + 7;
+  }
+}
+
+// Under pipeline parallelism the schedule follows the ramp: each step's micro-batches make its
+// schedule (1F1B, and zb-h1 with its split backward pass), and dp 2 × pp 2 trains what one rank
+// trains, step by step.
+TEST(BatchRampup, PipelineSchedulesFollowTheRamp) {
+  const std::vector<std::string> args = {"--train.micro_batch", "1", "--train.global_batch", "8", "--train.batch_rampup",
+                                         "4,4,32", "--train.steps", "12", "--log.interval", "1"};
+  const std::string one_rank = scratch_dir("rampup-pp-one-rank");
+  RunOutput run = train_tiny(0, one_rank, args);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto expected = step_records(one_rank);
+  ASSERT_EQ(expected.size(), 12u);
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    const std::string dir = scratch_dir(std::string("rampup-pp-") + schedule);
+    std::vector<std::string> piped = args;
+    piped.insert(piped.end(), {"--parallel.pp", "2", "--parallel.schedule", schedule});
+    run = train_tiny(4, dir, piped);
+    ASSERT_EQ(run.exit_code, 0) << schedule << ":\n" << run.output;
+    const auto records = step_records(dir);
+    ASSERT_EQ(records.size(), expected.size()) << schedule;
+    for (size_t i = 0; i < records.size(); ++i) {
+      EXPECT_EQ(records[i]["global_batch"], i < 8 ? 4 : 8) << schedule << ", step " << i + 1;
+      for (const char* key : {"loss", "grad_norm"})
+        EXPECT_NEAR(records[i][key].get<double>(), expected[i][key].get<double>(), 1e-5)
+            << schedule << ": " << key << " of step " << i + 1;
+    }
   }
 }
 
