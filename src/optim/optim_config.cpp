@@ -46,6 +46,9 @@ OptimConfig read_optim_config(const Options& o) {
   c.beta1 = o.get_float("optim.beta1", 0.0, 0.999999);
   c.beta2 = o.get_float("optim.beta2", 0.0, 0.999999);
   c.eps = o.get_float("optim.eps", 0.0, 1.0);
+  if (c.eps <= 0)  // a parameter whose gradient is 0 would divide 0 by 0
+    throw config_error("optim.eps", o.raw("optim.eps"),
+                       "must be above 0: AdamW divides each step by sqrt(v) + eps, and v is 0 where a gradient is");
   c.weight_decay = o.get_float("optim.weight_decay", 0.0, 10.0);
   c.grad_clip = o.get_float("optim.grad_clip", 0.0, 1e9);
   c.skip_nonfinite = o.get_enum("optim.nonfinite", EnumNames<bool>{{"stop", false}, {"skip", true}});

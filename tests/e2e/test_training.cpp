@@ -208,6 +208,8 @@ TEST(Training, ConfigurationErrorsExitWithCode2AndNameTheKey) {
        "parallel.dp = 3: tp × cp × dp × pp = 1 × 1 × 3 × 1 = 3 must equal the number of ranks (2)"},
       {2, {"--model.num_heads", "3"}, "model.num_heads = 3: must divide model.hidden_size (32)"},
       {2, {"--train.global_batch", "6"}, "train.global_batch = 6: must be a multiple of"},
+      // (once accepted: the run then ended at its second step on a non-finite loss, exit code 6)
+      {0, {"--optim.eps", "0"}, "optim.eps = 0: must be above 0"},
       {0, {"--data.train", dir + "/missing.h5"}, "data.train = " + dir + "/missing.h5: no such file"},
       {0, {"--data.valid", "a.h5:1,b.h5:1"}, "data.valid = a.h5:1,b.h5:1: one corpus: evaluation takes no mixture"},
       {0, {"--model.hidden_sise", "32"}, "model.hidden_sise"},
