@@ -350,11 +350,7 @@ void abandon_file(h5::Handle& file, const std::string& path) {
 // HDF5's own message for a write that found its file system full says only that a write or flush
 // failed: the file system's free space (before the partial file goes) says why.
 Error with_space_left(const Error& error, const std::string& path) {
-  const std::string dir = files::parent(path).empty() ? "." : files::parent(path);
-  const int64_t free_bytes = files::available_bytes(dir);
-  if (free_bytes < 0 || free_bytes >= (int64_t{1} << 20)) return error;
-  return Error(error.code(), std::string(error.what()) + " (No space left on device: the file system of " + dir +
-                                 " had " + std::to_string(free_bytes) + " bytes left)");
+  return Error(error.code(), std::string(error.what()) + files::full_disk_note(path));
 }
 
 }  // namespace

@@ -38,6 +38,14 @@ int64_t available_bytes(const std::string& path) {
   return static_cast<int64_t>(info.f_bavail) * static_cast<int64_t>(info.f_frsize);
 }
 
+std::string full_disk_note(const std::string& path) {
+  const std::string dir = parent(path).empty() ? "." : parent(path);
+  const int64_t free_bytes = available_bytes(dir);
+  if (free_bytes < 0 || free_bytes >= (int64_t{1} << 20)) return "";
+  return " (No space left on device: the file system of " + dir + " had " + std::to_string(free_bytes) +
+         " bytes left)";
+}
+
 bool exists(const std::string& path) {
   struct stat info;
   return ::stat(path.c_str(), &info) == 0;

@@ -20,6 +20,17 @@ hid_t token_type_for(uint64_t vocab_size) {
   return vocab_size <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
 }
 
+// Writes into `path`; a failure on a full file system says so (HDF5's message says only that the
+// write failed).
+template <typename Write>
+void writing(const std::string& path, Write&& write) {
+  try {
+    write();
+  } catch (const Error& e) {
+    throw Error(e.code(), e.what() + files::full_disk_note(path));
+  }
+}
+
 }  // namespace
 
 CorpusWriter::CorpusWriter(const std::string& path, uint64_t vocab_size, uint64_t eod_id,
@@ -66,6 +77,12 @@ void CorpusWriter::end_document() { offsets_.push_back(n_tokens_ + pending_.size
 
 void CorpusWriter::flush() {
   if (pending_.empty()) return;
+  writing(tmp_path_, [&] { write_pending(); });
+  n_tokens_ += pending_.size();
+  pending_.clear();
+}
+
+void CorpusWriter::write_pending() {
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
   hsize_t start = n_tokens_, count = pending_.size(), new_size = n_tokens_ + pending_.size();
   h5::check(H5Dset_extent(tokens_.get(), &new_size), kCode, tmp_path_ + ": extending /tokens");
@@ -78,12 +95,20 @@ void CorpusWriter::flush() {
   h5::check(H5Dwrite(tokens_.get(), H5T_NATIVE_UINT32, memory_space.get(), file_space.get(),
                      H5P_DEFAULT, pending_.data()),
             kCode, tmp_path_ + ": writing tokens");
-  n_tokens_ += pending_.size();
-  pending_.clear();
 }
 
 CorpusInfo CorpusWriter::close() {
   flush();
+  writing(tmp_path_, [&] { write_offsets_and_attributes(); });
+  std::string why;
+  if (!files::rename(tmp_path_, path_, &why)) throw data_error("cannot rename " + tmp_path_ + " to " + path_ + ": " + why);
+  closed_ = true;
+  info_.n_tokens = n_tokens_;
+  info_.n_documents = offsets_.size() - 1;
+  return info_;
+}
+
+void CorpusWriter::write_offsets_and_attributes() {
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
   hsize_t n_offsets = offsets_.size();
   h5::Handle space(h5::check_id(H5Screate_simple(1, &n_offsets, nullptr), kCode, "H5Screate_simple"),
@@ -104,12 +129,6 @@ CorpusInfo CorpusWriter::close() {
   tokens_.reset();
   h5::check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), kCode, tmp_path_ + ": flushing");
   file_.reset();
-  std::string why;
-  if (!files::rename(tmp_path_, path_, &why)) throw data_error("cannot rename " + tmp_path_ + " to " + path_ + ": " + why);
-  closed_ = true;
-  info_.n_tokens = n_tokens_;
-  info_.n_documents = offsets_.size() - 1;
-  return info_;
 }
 
 CorpusReader::CorpusReader(const std::string& path) {

@@ -64,6 +64,23 @@ TEST(FullDisk, AFinalModelThatDoesNotFitEndsTheRunCleanly) {
   EXPECT_FALSE(dstrain::files::exists(dir + "/run/final_model.h5.tmp")) << "the partial file stayed";
 }
 
+// `dstrain prep` onto a full disk: the data error names the file and says the disk is full (HDF5's
+// message alone said only "can't write data"), and no corpus, whole or partial, stays.
+TEST(FullDisk, APrepThatDoesNotFitSaysTheDiskIsFull) {
+  const std::string dir = scratch_dir("full-disk-prep");
+  TinyFileSystem disk(dir, 80);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.why() << "); needs root";
+  std::vector<std::string> args = {"prep", "--output", dir + "/corpus.h5", "--valid-fraction", "0", "--input"};
+  for (const char* name : {"GPL-2", "GPL-3", "LGPL-2.1", "Apache-2.0"})  // ~110k tokens of 2 bytes
+    args.push_back(std::string("/usr/share/common-licenses/") + name);
+  const RunOutput run = run_dstrain(0, args);
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_NE(run.output.find(dir + "/corpus.h5"), std::string::npos) << run.output;  // the file it was writing
+  EXPECT_NE(run.output.find("No space left on device: the file system of " + dir), std::string::npos) << run.output;
+  for (const std::string& name : dstrain::files::directory_entries(dir))
+    EXPECT_TRUE(name == "." || name == "..") << "a file stayed: " << name;
+}
+
 // A checkpoint directory on a read-only file system: refused at the start (exit 2), not at the
 // first save, after an interval of steps that would then be lost.
 TEST(FullDisk, AReadOnlyCheckpointDirectoryIsRefusedBeforeAnyStep) {

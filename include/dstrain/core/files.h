@@ -15,6 +15,10 @@ bool is_directory(const std::string& path);
 bool exists(const std::string& path);
 // Bytes an unprivileged writer may still write on the file system holding `path` (-1: unknown).
 int64_t available_bytes(const std::string& path);
+// After a write into the file `path` failed: " (No space left on device: the file system of DIR
+// had N bytes left)" when that file system is full (under 1 MiB left), else "". HDF5's own message
+// for such a write says only that it failed.
+std::string full_disk_note(const std::string& path);
 // Both name one existing file (through links or other spellings of the path).
 bool same_file(const std::string& a, const std::string& b);
 // The names in a directory ("." and ".." included); empty when it cannot be read.

@@ -49,6 +49,8 @@ class CorpusWriter {
 
  private:
   void flush();
+  void write_pending();                 // the buffered tokens, at the end of /tokens
+  void write_offsets_and_attributes();  // what close() adds after the tokens
 
   std::string path_, tmp_path_;
   CorpusInfo info_;
