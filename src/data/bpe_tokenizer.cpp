@@ -1,4 +1,5 @@
 #include "dstrain/core/json_error.h"
+#include "dstrain/core/json_field.h"
 #include "dstrain/data/bpe_tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -89,42 +90,38 @@ PieceCache& thread_cache(uint64_t owner) {
 // One entry of pre_tokenizer (possibly a Sequence) → the splitters it stands for, in order.
 // `after_byte_level`: whether a ByteLevel came before (the splitters run on the raw bytes).
 template <typename Add>
-void read_pre_tokenizer(const json& node, const std::string& where, const std::string& field, Add add,
-                        bool* after_byte_level) {
+void read_pre_tokenizer(const JsonField& node, const std::string& where, Add add, bool* after_byte_level) {
   if (node.is_null()) return;
-  if (!node.is_object() || !node.contains("type"))
-    throw field_error(where, field, "expected an object with a \"type\"");
-  const std::string type = node["type"].get<std::string>();
+  if (!node.has("type")) node.fail("an object with a \"type\"");
+  const std::string type = node["type"].string();
+  const std::string& field = node.path();
   if (type == "Sequence") {
-    const json& list = node.value("pretokenizers", json::array());
-    for (size_t i = 0; i < list.size(); ++i)
-      read_pre_tokenizer(list[i], where, field + ".pretokenizers[" + std::to_string(i) + "]", add, after_byte_level);
+    for (const JsonField& inner : node.member_or_null("pretokenizers").elements())
+      read_pre_tokenizer(inner, where, add, after_byte_level);
   } else if (type == "ByteLevel") {
     *after_byte_level = true;
-    if (node.value("add_prefix_space", false))
+    if (node.member_or_null("add_prefix_space").boolean_or(false))
       throw field_error(where, field + ".add_prefix_space",
                         "true is not supported (it would make decode(encode(x)) differ from x); expected false");
-    if (node.value("use_regex", true))
+    if (node.member_or_null("use_regex").boolean_or(true))
       add(std::make_unique<RegexSplitter>(kGpt2PatternFast, false, where + ": " + field), SplitKeeps::kMatchesAndGaps);
   } else if (type == "Split") {
     if (*after_byte_level)
       throw field_error(where, field, "a Split after ByteLevel is not supported (it would see byte-level characters); "
                                       "expected the Splits first, as DeepSeek's files have them");
-    const json& pattern = node.value("pattern", json());
-    bool literal = pattern.contains("String");
-    if (!pattern.is_object() || !(literal || pattern.contains("Regex")))
-      throw field_error(where, field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-    const std::string behavior = node.value("behavior", std::string("Isolated"));
+    const JsonField pattern = node.member_or_null("pattern");
+    const bool literal = pattern.has("String");
+    if (!literal && !pattern.has("Regex")) pattern.fail("{\"Regex\": ...} or {\"String\": ...}");
+    const std::string behavior = node.member_or_null("behavior").string_or("Isolated");
     if (behavior != "Isolated" && behavior != "Removed")
       throw field_error(where, field + ".behavior",
                         "'" + behavior + "' is not supported; expected Isolated or Removed");
     // `invert` swaps what counts as the delimiter: it changes nothing when both sides are kept.
-    const bool invert = node.value("invert", false);
+    const bool invert = node.member_or_null("invert").boolean_or(false);
     const SplitKeeps keeps = behavior == "Isolated" ? SplitKeeps::kMatchesAndGaps
                              : invert               ? SplitKeeps::kMatches
                                                     : SplitKeeps::kGaps;
-    add(std::make_unique<RegexSplitter>(pattern[literal ? "String" : "Regex"].get<std::string>(), literal,
-                                        where + ": " + field),
+    add(std::make_unique<RegexSplitter>(pattern[literal ? "String" : "Regex"].string(), literal, where + ": " + field),
         keeps);
   } else {
     throw field_error(where, field + ".type",
@@ -135,18 +132,18 @@ void read_pre_tokenizer(const json& node, const std::string& where, const std::s
 // The special token a post-processor puts before every sequence: the first item of a
 // TemplateProcessing's "single" template when that is a SpecialToken (also inside a Sequence of
 // processors, as Llama 3's files have it); "" when there is none.
-std::string leading_special_token(const json& processor) {
+std::string leading_special_token(const JsonField& processor) {
   if (!processor.is_object()) return "";
-  const std::string type = processor.value("type", std::string());
+  const std::string type = processor.member_or_null("type").string_or("");
   if (type == "Sequence") {
-    for (const json& inner : processor.value("processors", json::array()))
+    for (const JsonField& inner : processor.member_or_null("processors").elements())
       if (std::string name = leading_special_token(inner); !name.empty()) return name;
     return "";
   }
   if (type != "TemplateProcessing") return "";
-  const json& single = processor.value("single", json::array());
-  if (!single.is_array() || single.empty() || !single[0].is_object() || !single[0].contains("SpecialToken")) return "";
-  return single[0]["SpecialToken"].at("id").get<std::string>();
+  const std::vector<JsonField> single = processor.member_or_null("single").elements();
+  if (single.empty() || !single[0].has("SpecialToken")) return "";
+  return single[0]["SpecialToken"]["id"].string();
 }
 
 json parse_json(const std::string& json_text, const std::string& where) {
@@ -159,37 +156,38 @@ json parse_json(const std::string& json_text, const std::string& where) {
 
 // The normalizer: none, or one Unicode normalization form (also as the only entry of a Sequence,
 // as Qwen's files write NFC). Anything else would change text in ways not carried out here.
-std::optional<UnicodeNormalizer> read_normalizer(const json& node, const std::string& where) {
-  json only = node;
-  if (node.is_object() && node.value("type", "") == "Sequence") {
-    const json list = node.value("normalizers", json::array());
+std::optional<UnicodeNormalizer> read_normalizer(const JsonField& node, const std::string& where) {
+  std::vector<JsonField> list = {node};
+  if (node.is_object() && node.member_or_null("type").string_or("") == "Sequence") {
+    list = node.member_or_null("normalizers").elements();
     if (list.empty()) return std::nullopt;
-    if (list.size() == 1) only = list[0];
   }
-  if (only.is_null()) return std::nullopt;
-  if (only.is_object())
-    if (auto form = UnicodeNormalizer::form_named(only.value("type", ""))) return UnicodeNormalizer(*form);
+  if (list.size() == 1 && list[0].is_null()) return std::nullopt;
+  if (list.size() == 1 && list[0].is_object())
+    if (auto form = UnicodeNormalizer::form_named(list[0].member_or_null("type").string_or("")))
+      return UnicodeNormalizer(*form);
   throw field_error(where, "normalizer",
-                    "'" + node.dump() + "' is not supported; expected null, NFC, NFD, NFKC or NFKD (alone or in a Sequence)");
+                    "'" + node.value().dump() +
+                        "' is not supported; expected null, NFC, NFD, NFKC or NFKD (alone or in a Sequence)");
 }
 
-void check_decoder(const json& node, const std::string& where) {
-  if (!node.is_null() && node.value("type", "") != "ByteLevel")
-    throw field_error(where, "decoder.type", "'" + node.value("type", std::string("?")) + "': expected ByteLevel");
+void check_decoder(const JsonField& node, const std::string& where) {
+  if (!node.is_null() && node.member_or_null("type").string_or("") != "ByteLevel")
+    throw field_error(where, "decoder.type", "'" + node.member_or_null("type").string_or("?") + "': expected ByteLevel");
 }
 
 // The model's options that only plain byte-level BPE takes, each checked for that value.
-void check_model_options(const json& model, const std::string& where) {
-  if (model.value("type", "BPE") != "BPE")
-    throw field_error(where, "model.type", "'" + model["type"].get<std::string>() + "' is not supported; expected BPE");
-  const json dropout = model.value("dropout", json());
+void check_model_options(const JsonField& model, const std::string& where) {
+  const std::string type = model.member_or_null("type").string_or("BPE");
+  if (type != "BPE") throw field_error(where, "model.type", "'" + type + "' is not supported; expected BPE");
+  const json& dropout = model.member_or_null("dropout").value();
   if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
     throw field_error(where, "model.dropout", "expected null (BPE dropout is for training tokenizers)");
-  if (model.value("byte_fallback", false)) throw field_error(where, "model.byte_fallback", "expected false (byte-level BPE)");
-  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const json& value = model.value(affix, json());
-    if (!value.is_null() && value != "") throw field_error(where, std::string("model.") + affix, "expected null");
-  }
+  if (model.member_or_null("byte_fallback").boolean_or(false))
+    throw field_error(where, "model.byte_fallback", "expected false (byte-level BPE)");
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.member_or_null(affix).string_or("") != "")
+      throw field_error(where, std::string("model.") + affix, "expected null");
 }
 
 using Vocabulary = std::unordered_map<std::string, uint32_t>;       // token → id
@@ -204,11 +202,13 @@ uint32_t read_id(const json& id, const std::string& where, const std::string& fi
 }
 
 // model.vocab into `vocab`; returns its largest id.
-uint32_t read_vocab(const json& model, const std::string& where, Vocabulary* vocab) {
+uint32_t read_vocab(const JsonField& model, const std::string& where, Vocabulary* vocab) {
   uint32_t max_id = 0;
   std::unordered_map<uint32_t, std::string> token_of;  // two tokens of one id would decode alike
-  for (const auto& [token, id] : model.at("vocab").items()) {
-    const uint32_t value = read_id(id, where, "model.vocab '" + token + "'");
+  const JsonField entries = model["vocab"];
+  if (!entries.is_object()) entries.fail("an object of token: id");
+  for (const auto& [token, id] : entries.members()) {
+    const uint32_t value = read_id(id.value(), where, "model.vocab '" + token + "'");
     const auto [other, fresh] = token_of.emplace(value, token);
     if (!fresh)
       throw field_error(where, "model.vocab", "'" + other->second + "' and '" + token + "' both have id " +
@@ -222,21 +222,23 @@ uint32_t read_vocab(const json& model, const std::string& where, Vocabulary* voc
 // The entries of added_tokens, in the file's order; each also into `content_ids`, its "normalized"
 // flag into `normalized` (Hugging Face's default: not for special tokens), and *max_id raised to
 // the largest id.
-AddedTokens read_added_tokens(const json& entries, const std::string& where, const Vocabulary& vocab,
+AddedTokens read_added_tokens(const JsonField& entries, const std::string& where, const Vocabulary& vocab,
                               Vocabulary* content_ids, std::vector<bool>* normalized, uint32_t* max_id) {
   AddedTokens tokens;
-  for (const json& entry : entries) {
-    const std::string content = entry.at("content").get<std::string>();
+  for (const JsonField& entry : entries.elements()) {
+    const std::string content = entry["content"].string();
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
-      if (entry.value(flag, false))
+      if (entry.member_or_null(flag).boolean_or(false))
         throw field_error(where, "added_tokens '" + content + "'." + flag, "true is not supported; expected false");
     if (content.empty()) throw field_error(where, "added_tokens", "a token with empty content");
     // A token the vocabulary already has keeps its vocabulary id, as Hugging Face's loader gives it.
     const auto in_vocab = vocab.find(content);
     const uint32_t id = in_vocab != vocab.end() ? in_vocab->second
-                                                : read_id(entry.at("id"), where, "added_tokens '" + content + "'");
+                                                : read_id(entry["id"].value(), where, "added_tokens '" + content + "'");
     tokens.emplace_back(content, id);
-    normalized->push_back(entry.value("normalized", !entry.value("special", false)));
+    // Hugging Face's default: special tokens are matched in the text as it comes.
+    const bool special = entry.member_or_null("special").boolean_or(false);
+    normalized->push_back(entry.member_or_null("normalized").boolean_or(!special));
     (*content_ids)[content] = id;
     *max_id = std::max(*max_id, id);
   }
@@ -274,25 +276,26 @@ std::vector<std::string> bytes_of_ids(const Vocabulary& vocab, const AddedTokens
 }
 
 // One entry of model.merges → its left and right token.
-std::pair<std::string, std::string> merge_pair(const json& merge, const std::string& where, size_t rank) {
+std::pair<std::string, std::string> merge_pair(const JsonField& merge, const std::string& where) {
   if (merge.is_string()) {  // "Ġ t" (older files)
-    const std::string text = merge.get<std::string>();
+    const std::string text = merge.string();
     size_t space = text.find(' ');
     if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
-      throw field_error(where, "model.merges[" + std::to_string(rank) + "]", "expected \"LEFT RIGHT\", got '" + text + "'");
+      throw field_error(where, merge.path(), "expected \"LEFT RIGHT\", got '" + text + "'");
     return {text.substr(0, space), text.substr(space + 1)};
   }
   // ["Ġ", "t"] (newer files)
-  std::string left = merge.at(0).get<std::string>();
-  std::string right = merge.at(1).get<std::string>();
-  return {std::move(left), std::move(right)};
+  const std::vector<JsonField> pair = merge.value().is_array() ? merge.elements() : std::vector<JsonField>();
+  if (pair.size() != 2) merge.fail("\"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]");
+  return {pair[0].string(), pair[1].string()};
 }
 
 // model.merges, each given to add(pair key (left id << 32 | right id), rank, merged id) in order.
 template <typename Add>
-void read_merges(const json& merges, const Vocabulary& vocab, const std::string& where, Add add) {
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto [left, right] = merge_pair(merges[rank], where, rank);
+void read_merges(const JsonField& merges, const Vocabulary& vocab, const std::string& where, Add add) {
+  const std::vector<JsonField> entries = merges.elements();
+  for (size_t rank = 0; rank < entries.size(); ++rank) {
+    const auto [left, right] = merge_pair(entries[rank], where);
     auto l = vocab.find(left), r = vocab.find(right), m = vocab.find(left + right);
     if (l == vocab.end() || r == vocab.end() || m == vocab.end())
       throw field_error(where, "model.merges[" + std::to_string(rank) + "]",
@@ -302,7 +305,7 @@ void read_merges(const json& merges, const Vocabulary& vocab, const std::string&
 }
 
 // The id of the special token `processor` puts before every sequence, if it names one.
-std::optional<uint32_t> beginning_token_id(const BpeTokenizer& tokenizer, const json& processor,
+std::optional<uint32_t> beginning_token_id(const BpeTokenizer& tokenizer, const JsonField& processor,
                                            const std::string& where) {
   const std::string bos = leading_special_token(processor);
   if (bos.empty()) return std::nullopt;
@@ -339,32 +342,33 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path, c
 
 std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_text, const std::string& where,
                                                       const std::string& eod_token) {
-  const json root = parse_json(json_text, where);
+  const json document = parse_json(json_text, where);
+  const JsonField root(document, where);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   static std::atomic<uint64_t> instances{0};
   t->instance_ = ++instances;
   try {
-    const json& model = root.at("model");
+    const JsonField model = root["model"];
     check_model_options(model, where);
-    t->ignore_merges_ = model.value("ignore_merges", false);
-    t->normalizer_ = read_normalizer(root.value("normalizer", json()), where);
-    check_decoder(root.value("decoder", json()), where);
+    t->ignore_merges_ = model.member_or_null("ignore_merges").boolean_or(false);
+    t->normalizer_ = read_normalizer(root.member_or_null("normalizer"), where);
+    check_decoder(root.member_or_null("decoder"), where);
 
     uint32_t max_id = read_vocab(model, where, &t->vocab_);
     std::vector<bool> normalized;
-    AddedTokens added = read_added_tokens(root.value("added_tokens", json::array()), where, t->vocab_, &t->added_,
+    AddedTokens added = read_added_tokens(root.member_or_null("added_tokens"), where, t->vocab_, &t->added_,
                                           &normalized, &max_id);
     t->vocab_size_ = max_id + 1;
     t->byte_ids_ = byte_symbol_ids(t->vocab_, where, kNoSymbol);
     t->id_bytes_ = bytes_of_ids(t->vocab_, added, t->vocab_size_);
-    read_merges(model.at("merges"), t->vocab_, where, [&](uint64_t pair, uint32_t rank, uint32_t merged) {
+    read_merges(model["merges"], t->vocab_, where, [&](uint64_t pair, uint32_t rank, uint32_t merged) {
       // The last occurrence of a pair wins, as in Hugging Face's tokenizers (its merge map is
       // collected from the list in order).
       t->merges_[pair] = Merge{rank, merged};
     });
 
     bool after_byte_level = false;
-    read_pre_tokenizer(root.value("pre_tokenizer", json()), where, "pre_tokenizer",
+    read_pre_tokenizer(root.member_or_null("pre_tokenizer"), where,
                        [&](std::unique_ptr<RegexSplitter> splitter, SplitKeeps keeps) {
                          t->pre_tokenizers_.push_back(PreTokenizer{std::move(splitter), keeps});
                        },
@@ -386,7 +390,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const std::string& json_te
     throw Error(ExitCode::kUsage, where + ": not a tokenizer.json of the expected shape: " + describe_json_error(e));
   }
 
-  t->bos_id_ = beginning_token_id(*t, root.value("post_processor", json()), where);
+  t->bos_id_ = beginning_token_id(*t, root.member_or_null("post_processor"), where);
   t->eod_id_ = end_of_document_id(*t, eod_token, where);
   std::string file_name = where.substr(where.find_last_of('/') + 1);
   t->name_ = "bpe:" + file_name + ":" + hex64(xxh64(json_text.data(), json_text.size()));

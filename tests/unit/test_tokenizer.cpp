@@ -3,6 +3,7 @@
 // an independent implementation on real text is tests/parity/bpe_parity.sh.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -239,16 +240,36 @@ TEST(BpeTokenizer, UnusableFilesNameTheFieldAndWhatWasExpected) {
   SCOPED_TRACE("case 9");
   expect_error([&] { BpeTokenizer::from_json("{\"model\": ", "broken.json"); }, ExitCode::kUsage,
                {"broken.json", "not valid JSON"});
-  SCOPED_TRACE("case 9b");  // the library's text in our words: no "[json.exception...]"
-  bad = good;
-  bad["model"]["merges"] = json::array({json::array({1, 2})});
-  try {
-    load(bad);
-    ADD_FAILURE() << "merges of numbers were accepted";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
-    EXPECT_NE(message.find("a number where a string was expected"), std::string::npos) << message;
+  // Fields of the wrong kind: named, with what was expected and what was found, never in the
+  // JSON library's words ("cannot use at() with array", "key 'content' not found").
+  const std::vector<std::pair<std::function<void(json&)>, std::vector<std::string>>> misshapen = {
+      {[](json& j) { j["model"]["merges"] = json::array({json::array({1, 2})}); },
+       {"model.merges[0][0]: expected a string, found the number 1"}},
+      {[](json& j) { j["model"]["merges"] = "h e"; }, {"model.merges: expected an array, found the string \"h e\""}},
+      {[](json& j) { j["added_tokens"] = json::array({json::array({"<s>", 1})}); },
+       {"added_tokens[0]: expected an object with \"content\", found an array of 2"}},
+      {[](json& j) { j["added_tokens"] = json::array({json{{"id", 5}}}); }, {"added_tokens[0].content: missing"}},
+      {[](json& j) { j["model"]["vocab"] = json::array(); }, {"model.vocab: expected an object of token: id"}},
+      {[](json& j) { j["model"] = json::array(); }, {"test.json: model: expected an object, found an array of 0"}},
+      {[](json& j) { j.erase("model"); }, {"test.json: model: missing"}},
+      {[](json& j) { j["model"]["merges"] = json::array({json::array({"h"})}); },
+       {"model.merges[0]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]"}},
+      {[](json& j) { j["pre_tokenizer"] = json{{"type", 7}}; }, {"pre_tokenizer.type: expected a string, found the number 7"}},
+      {[](json& j) { j["added_tokens"][0]["special"] = "yes"; }, {"added_tokens[0].special: expected true or false"}},
+  };
+  for (size_t i = 0; i < misshapen.size(); ++i) {
+    SCOPED_TRACE("misshapen case " + std::to_string(i));
+    bad = good;
+    misshapen[i].first(bad);
+    try {
+      load(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(e.code(), ExitCode::kUsage) << message;
+      EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+      for (const std::string& part : misshapen[i].second) EXPECT_NE(message.find(part), std::string::npos) << message;
+    }
   }
   try {
     BpeTokenizer::from_json("{\"model\": ", "broken.json");
