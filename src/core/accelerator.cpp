@@ -139,19 +139,4 @@ double Timestamp::seconds_since(const Timestamp& earlier) const {
   return host_seconds_ - earlier.host_seconds_;
 }
 
-double known_peak_tflops(const std::string& name, torch::ScalarType precision) {
-  struct Peak {
-    const char* name_part;
-    double half, fp32;  // dense bf16/fp16 tensor-core and fp32 (non-tensor) TFLOP/s
-  };
-  // More specific names first: "H100 PCIe" before "H100".
-  static const Peak peaks[] = {
-      {"H200", 989.4, 66.9},   {"H100 PCIe", 756.0, 51.2}, {"H100", 989.4, 66.9},
-      {"A100", 312.0, 19.5},
-  };
-  for (const Peak& p : peaks)
-    if (name.find(p.name_part) != std::string::npos) return precision == torch::kFloat32 ? p.fp32 : p.half;
-  return 0.0;
-}
-
 }  // namespace dstrain::accel

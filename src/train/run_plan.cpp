@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "dstrain/core/accelerator.h"
+#include "dstrain/core/device_peak.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/flops.h"
 #include "dstrain/report/metrics.h"
@@ -27,9 +27,9 @@ void log_mixture(const TrainConfig& c, const Mixture& data) {
 }  // namespace
 
 RunPlan run_plan(const TrainConfig& c, const ParallelContext& parallel, const DevicePlacement& placement) {
-  const double peak =
-      c.loop.peak_tflops > 0 ? c.loop.peak_tflops : accel::known_peak_tflops(placement.name, c.loop.precision);
-  return {training_flops_per_token(c.model, c.loop.seq_len), peak * 1e12 * parallel.grid().world()};
+  const DevicePeak peak = device_peak(placement.name, c.loop.precision, c.loop.peak_tflops);
+  return {training_flops_per_token(c.model, c.loop.seq_len), peak.tflops * 1e12 * parallel.grid().world(),
+          peak.described};
 }
 
 void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelContext& parallel,
@@ -41,6 +41,7 @@ void log_run_plan(const TrainConfig& c, const RunPlan& plan, const ParallelConte
             " FLOP per token (training); ", name_of(precision_names(), c.loop.precision), " on ",
             placement.device.str(), " (", placement.name, "), comm ",
             name_of(backend_names(), parallel.group(Group::kDpCp).backend()));
+  log::info("MFU peak: ", plan.peak_described);
   const int pp = parallel.group(Group::kPp).size(), chunks_per_stage = c.pipeline.virtual_stages;
   if (pp * chunks_per_stage > 1) {
     std::string text = "pipeline: " + std::to_string(pp) + " stages × " + std::to_string(chunks_per_stage) +

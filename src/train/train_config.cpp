@@ -50,7 +50,7 @@ void add_loop_options(OptionTable& t) {
         "train.recompute = full: the first N decoder layers of each model chunk rerun (0: all of them; a "
         "chunk's multi-token prediction layers count after its last)");
   t.add("train.peak_tflops", OptionKind::kFloat, "0",
-        "peak TFLOP/s of one device for MFU (0: known A100/H100/H200 figures; no MFU otherwise)");
+        "peak TFLOP/s of one device for MFU (0: the data sheet's figure for the GPU, where known; no MFU otherwise)");
 }
 
 void add_data_options(OptionTable& t) {

@@ -29,8 +29,15 @@ std::string check_png(const std::vector<std::string>& files, int* exit_code) {
 
 TEST(Plot, WritesValidPngChartsForOneRunAndForSeveralOverlaid) {
   const std::string a = scratch_dir("plot-a"), b = scratch_dir("plot-b"), out = scratch_dir("plot-out");
-  ASSERT_EQ(train_tiny(1, a, {"--train.device", "cpu", "--train.peak_tflops", "0.01"}).exit_code, 0);
-  ASSERT_EQ(train_tiny(1, b, {"--train.device", "cpu", "--optim.lr", "1e-3"}).exit_code, 0);
+  const RunOutput with_peak = train_tiny(1, a, {"--train.device", "cpu", "--train.peak_tflops", "0.01"});
+  ASSERT_EQ(with_peak.exit_code, 0) << with_peak.output;
+  EXPECT_NE(with_peak.output.find("MFU peak: 0.01 TFLOP/s per device (train.peak_tflops)"), std::string::npos)
+      << with_peak.output;
+  const RunOutput without_peak = train_tiny(1, b, {"--train.device", "cpu", "--optim.lr", "1e-3"});
+  ASSERT_EQ(without_peak.exit_code, 0) << without_peak.output;
+  EXPECT_NE(without_peak.output.find("MFU peak: none: no data-sheet peak is known for cpu; train.peak_tflops sets one"),
+            std::string::npos)
+      << without_peak.output;
 
   RunOutput one = run_dstrain(0, {"plot", a, "--width", "640", "--height", "400"});
   ASSERT_EQ(one.exit_code, 0) << one.output;

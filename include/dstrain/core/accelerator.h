@@ -83,8 +83,4 @@ class Timestamp {
   std::shared_ptr<void> event_;  // a CUDA event, on a GPU
 };
 
-// Dense peak TFLOP/s of the GPU named `name` for `precision` (bf16, fp16: tensor cores; fp32), from
-// the vendor's data sheets (A100, H100, H200); 0 when unknown. MFU divides by this.
-double known_peak_tflops(const std::string& name, torch::ScalarType precision);
-
 }  // namespace dstrain::accel

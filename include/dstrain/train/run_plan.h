@@ -15,6 +15,7 @@ namespace dstrain {
 struct RunPlan {
   double flops_per_token = 0;  // training: forward and backward
   double peak_flops = 0;       // of all devices together; 0: unknown
+  std::string peak_described;  // where one device's peak comes from (core/device_peak.h)
 };
 RunPlan run_plan(const TrainConfig& config, const ParallelContext& parallel, const DevicePlacement& placement);
 
