@@ -12,7 +12,41 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
 
+# The job step daemons (slurmstepd) of this cluster: each listens on a socket in the cluster's
+# spool directory (NODE_JOB.STEP), so they are told apart from those of any other Slurm on the
+# machine, a real one included, by that socket and never by their name.
+own_step_daemons() {
+  local inodes
+  inodes=$(awk -v spool="$dir/spool/" 'index($8, spool) == 1 { print $7 }' /proc/net/unix | sort -u)
+  [[ -n $inodes ]] || return 0
+  { find /proc/[0-9]*/fd -lname 'socket:*' -printf '%h %l\n' 2>/dev/null || true; } |  # (processes come and go)
+    awk -v inodes="$inodes" 'BEGIN { n = split(inodes, list, "\n"); for (i = 1; i <= n; i++) ours["socket:[" list[i] "]"] = 1 }
+                             $2 in ours { split($1, part, "/"); print part[3] }' | sort -u
+}
+
+# The processes PIDS and every process started under them.
+with_descendants() {
+  ps -e -o pid=,ppid= | awk -v roots="$*" '
+    BEGIN { n = split(roots, list, " "); for (i = 1; i <= n; i++) ours[list[i]] = 1 }
+    { parent[$1] = $2 }
+    END { for (grew = 1; grew;) { grew = 0; for (p in parent) if (!(p in ours) && (parent[p] in ours)) { ours[p] = 1; grew = 1 } }
+          for (p in ours) print p }'
+}
+
+# Ends what this cluster started and nothing else: its jobs (scancel, while slurmctld answers),
+# its daemons (by their pid files), then any of its step daemons that outlived them.
 stop() {
+  if [[ -f $dir/slurmctld.pid ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+    local jobs
+    jobs=$(SLURM_CONF=$conf timeout 10 squeue -h -o %i 2>/dev/null || true)
+    if [[ -n $jobs ]]; then
+      SLURM_CONF=$conf timeout 10 scancel $jobs 2>/dev/null || true
+      for _ in $(seq 1 50); do
+        [[ -z $(SLURM_CONF=$conf timeout 10 squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+        sleep 0.2
+      done
+    fi
+  fi
   for daemon in slurmd slurmctld; do
     if [[ -f $dir/$daemon.pid ]]; then
       pid=$(cat "$dir/$daemon.pid")
@@ -22,8 +56,9 @@ stop() {
       rm -f "$dir/$daemon.pid"
     fi
   done
-  # Job steps the daemons left behind.
-  pkill -9 -f "slurmstepd: \[" 2>/dev/null || true
+  local stepds
+  stepds=$(own_step_daemons)
+  [[ -z $stepds ]] || kill -9 $(with_descendants $stepds) 2>/dev/null || true
 }
 
 if [[ $action == stop ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The job scripts under a real (one-node) Slurm: what ctest runs with label `slurm`, against the
 # cluster that tests/slurm/cluster.sh started (SLURM_CONF set by ctest).
-#   test_slurm.sh smoke | node_failure | time_limit | interactive     (in the build directory)
+#   test_slurm.sh smoke | node_failure | time_limit | interactive | stop_ends_only_its_own
 # Environment: DSTRAIN (the executable), DSTRAIN_SOURCE (the source tree), CORPUS and
 # CORPUS_VALID (prepared by the `prepare` test), WORK (a scratch directory).
 set -uo pipefail
@@ -93,6 +93,31 @@ print(max(1000, round(s["tokens_per_s"] * 90 / (s["tokens"] / s["steps"]) / 100)
       fail "debug_interactive.sh under salloc failed"
     grep -q "^0: \[rank 0\] step 3/3" "$dir/salloc.out" || fail "rank 0's log is missing"
     grep -q "^1: \[rank 1\] step 3/3" "$dir/salloc.out" || fail "rank 1's log is missing"
+    ;;
+  stop_ends_only_its_own)
+    # The fixture's stop with a job running, beside a process that a match by name would take for
+    # a job step (of the machine's own Slurm, say): the job's processes end, the other lives on.
+    # The cluster then starts again for the tests after this one.
+    (exec -a "slurmstepd: [4242.0]" sleep 600) &
+    decoy=$!
+    trap 'kill "$decoy" 2>/dev/null' EXIT
+    job=$(sbatch --parsable --output="$dir/%j.out" --wrap "sleep 600") || fail "sbatch refused the job"
+    for _ in $(seq 1 120); do [[ $(squeue -h -j "$job" -o %T) == RUNNING ]] && break; sleep 0.5; done
+    pids=$(scontrol listpids "$job" | awk 'NR > 1 { print $1 }')
+    [[ -n $pids ]] || fail "job $job has no processes"
+    for pid in $pids; do  # and the job step daemon above them
+      parent=$(ps -o ppid= -p "$pid" | tr -d ' ')
+      [[ $(tr '\0' ' ' <"/proc/$parent/cmdline" 2>/dev/null) == slurmstepd:* ]] && pids+=" $parent"
+    done
+    ended() { [[ ! -e /proc/$1 ]] || [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) == Z ]]; }
+    cluster=$(dirname "$SLURM_CONF")
+    "$DSTRAIN_SOURCE/tests/slurm/cluster.sh" stop "$cluster"
+    for pid in $pids; do
+      for _ in $(seq 1 100); do ended "$pid" && break; sleep 0.1; done
+      ended "$pid" || fail "process $pid of job $job outlived the cluster's stop"
+    done
+    ended "$decoy" && fail "the cluster's stop ended a process that was not its own"
+    "$DSTRAIN_SOURCE/tests/slurm/cluster.sh" start "$cluster" || fail "the cluster did not start again"
     ;;
   *)
     echo "unknown test $test" >&2
