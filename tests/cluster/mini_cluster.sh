@@ -26,8 +26,10 @@ shift 2
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
-[[ $dir != /tmp && $dir != /tmp/* ]] || { echo "error: the cluster's directory must not lie under /tmp, which each node replaces with its own" >&2; exit 2; }
-prefix=dstrain-mc  # every namespace of the cluster is named prefix-...
+source_root=$(cd "$(dirname "$0")/../.." && pwd)
+# Every namespace of the cluster is named prefix-...; the prefix is the directory's, so that two
+# clusters (two checkouts' tests) on one machine neither meet nor stop each other.
+prefix=dstrain-mc-$(printf '%s' "$dir" | md5sum | cut -c 1-8)
 fabric=$prefix-fabric
 subnet=198.18.0
 
@@ -48,16 +50,32 @@ stop() {
   done
 }
 
+# The machine's directories directly under /tmp that hold the cluster's state or the checkout
+# (a project cloned under /tmp, say): every node sees them where they are, in its own /tmp.
+shared_tmp_entries() {
+  local path rest
+  for path in "$dir" "$source_root"; do
+    [[ $path == /tmp/* ]] || continue
+    rest=${path#/tmp/}
+    echo "/tmp/${rest%%/*}"
+  done | sort -u
+}
+
 # Runs "$@" as NODE: its network namespace, its host name, an /etc/hosts that names the cluster's
 # hosts and a /tmp of its own (a mount namespace), so that the daemons and their children all see
-# one node, as on a cluster (PMIx and Open MPI keep per-node files in /tmp).
+# one node, as on a cluster (PMIx and Open MPI keep per-node files in /tmp). What lies under the
+# machine's /tmp and the cluster needs is mounted into the node's /tmp at the same place first.
 as_node() {
   local node=$1
   shift
   # (nsenter rather than `ip netns exec`, which mounts a /sys without slurmd's cgroup file system)
   nsenter --net="/run/netns/$(node_ns "$node")" unshare --uts --mount -- \
-    sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" /tmp && shift 3 && exec "$@"' \
-    sh "$node" "$dir/hosts" "$dir/tmp/$node" "$@"
+    sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && node_tmp=$3 shared=$4 && shift 4 &&
+           for entry in $shared; do
+             mkdir -p "$node_tmp/${entry#/tmp/}" && mount --bind "$entry" "$node_tmp/${entry#/tmp/}" || exit 1
+           done &&
+           mount --rbind "$node_tmp" /tmp && exec "$@"' \
+    sh "$node" "$dir/hosts" "$dir/tmp/$node" "$(shared_tmp_entries)" "$@"
 }
 
 shape() {  # shape NAMESPACE DEVICE: traffic leaving DEVICE at the cluster's rate
