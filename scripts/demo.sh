@@ -19,13 +19,19 @@ fi
 # Commands as a user types them from this directory (the build's path when it is elsewhere).
 shown=${dstrain#"$root"/}
 
-if [[ ! -f data/demo.h5 || ! -f data/demo.valid.h5 ]]; then
+# The demo corpus, made again whenever what it was made from is not what is here now: the texts
+# (their names, sizes and times) and dstrain's version, as data/demo.made-from records them.
+texts=()
+for f in /usr/share/common-licenses/*; do
+  [[ -L "$f" ]] || texts+=("$f")  # GPL, LGPL, GFDL are links to a versioned text
+done
+made_from="$("$dstrain" --version)
+$(stat -c '%n %s %Y' "${texts[@]}")"
+if [[ ! -f data/demo.h5 || ! -f data/demo.valid.h5 || $(cat data/demo.made-from 2>/dev/null) != "$made_from" ]]; then
   mkdir -p data
-  texts=()
-  for f in /usr/share/common-licenses/*; do
-    [[ -L "$f" ]] || texts+=("$f")  # GPL, LGPL, GFDL are links to a versioned text
-  done
+  rm -f data/demo.made-from
   "$dstrain" prep --input "${texts[@]}" --output data/demo.h5 --valid-fraction 0.1
+  printf '%s\n' "$made_from" >data/demo.made-from
 fi
 
 # The run directory: input/demo.ini's, unless an override names another.

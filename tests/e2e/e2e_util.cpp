@@ -50,8 +50,41 @@ RunOutput run_shell(const std::string& command_line) {
   return result;
 }
 
+namespace {
+
+// Where this test process writes: a directory of its own under the temp directory (so that two
+// suites on one machine never meet), made on first use and removed after the last test; kept,
+// and named, when a test failed.
+class ScratchRoot : public ::testing::Environment {
+ public:
+  const std::string& path() {
+    if (path_.empty()) {
+      std::string name = files::temp_directory() + "/dstrain-e2e-XXXXXX";
+      if (!mkdtemp(name.data())) ADD_FAILURE() << "cannot make a directory like " << name;
+      path_ = name;
+    }
+    return path_;
+  }
+  void TearDown() override {
+    if (path_.empty()) return;
+    if (::testing::UnitTest::GetInstance()->Passed()) files::remove_tree(path_);
+    else std::fprintf(stderr, "the failed tests' files are kept in %s\n", path_.c_str());
+  }
+
+ private:
+  std::string path_;
+};
+
+ScratchRoot* const scratch_root = [] {
+  auto* root = new ScratchRoot;  // GoogleTest owns it
+  ::testing::AddGlobalTestEnvironment(root);
+  return root;
+}();
+
+}  // namespace
+
 std::string scratch_dir(const std::string& name) {
-  const std::string dir = files::temp_directory() + "/dstrain-e2e/" + name;
+  const std::string dir = scratch_root->path() + "/" + name;
   files::remove_tree(dir);
   std::string why;
   if (!files::make_directories(dir, &why)) ADD_FAILURE() << why;
@@ -60,7 +93,7 @@ std::string scratch_dir(const std::string& name) {
 
 const TestCorpus& test_corpus() {
   static TestCorpus corpus = [] {
-    std::string dir = scratch_dir("corpus-" + std::to_string(getpid()));
+    std::string dir = scratch_dir("corpus");
     TestCorpus c{dir + "/licenses.h5", dir + "/licenses.valid.h5"};
     std::vector<std::string> args = {"prep", "--output", c.train, "--valid-fraction", "0.25", "--input"};
     for (const char* name : {"GPL-2", "GPL-3", "LGPL-2.1", "Apache-2.0", "MPL-2.0", "Artistic", "GFDL-1.3", "BSD"})

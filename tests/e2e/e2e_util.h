@@ -20,7 +20,8 @@ RunOutput run_executable(const std::string& executable, int ranks, const std::ve
 // A shell command line, its standard output and error together.
 RunOutput run_shell(const std::string& command);
 
-// A scratch directory for one test, emptied first.
+// A scratch directory `name` in this test process's own directory under the temp directory,
+// emptied first; all of it is removed after the process's last test unless one failed.
 std::string scratch_dir(const std::string& name);
 
 // The test corpus: Debian's license texts (base-files), prepared once per test process.

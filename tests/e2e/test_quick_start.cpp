@@ -1,6 +1,7 @@
 // README.md's quick start, run as it is written and in its order, so that the page cannot drift
-// from the program. The demo is shortened 50 times (its steps and intervals) and writes to a
-// scratch directory instead of runs/demo; everything else is the README's text.
+// from the program. The demo is shortened 50 times (its steps and intervals) and runs in a copy of
+// the checkout's scripts and inputs in a scratch directory, so that nothing is written into the
+// source tree; everything else is the README's text.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -43,10 +44,19 @@ std::string shortened(std::string command, const std::string& dstrain, const std
          " --train.eval_interval 6 --ckpt.interval 6 --log.interval 6 --optim.warmup_steps 2";
 }
 
+// A checkout's scripts and inputs, copied into `dir`: where the README's commands run.
+std::string copy_of_checkout(const std::string& dir) {
+  const RunOutput copied =
+      run_shell("cp -r '" + std::string(DSTRAIN_SOURCE_DIR) + "/scripts' '" + std::string(DSTRAIN_SOURCE_DIR) +
+                "/input' '" + dir + "'");
+  EXPECT_EQ(copied.exit_code, 0) << copied.output;
+  return dir;
+}
+
 // DSTRAIN: the demo runs this build's executable and builds nothing (a test must not rebuild the
 // tree under the other tests' feet).
-RunOutput run_in_source_dir(const std::string& command, const std::string& dstrain) {
-  return run_shell("cd '" + std::string(DSTRAIN_SOURCE_DIR) + "' && DSTRAIN='" + dstrain + "' " + command);
+RunOutput run_in(const std::string& checkout, const std::string& command, const std::string& dstrain) {
+  return run_shell("cd '" + checkout + "' && DSTRAIN='" + dstrain + "' " + command);
 }
 
 }  // namespace
@@ -55,11 +65,16 @@ TEST(QuickStart, ReadmeCommandsRunInOrderOnTheDemosOutput) {
   const std::vector<std::string> commands = quick_start_commands();
   ASSERT_EQ(commands.size(), 5u) << "README.md's quick start commands changed: update this test's checks";
   const std::string dstrain = DSTRAIN_EXE;
-  const std::string run_dir = scratch_dir("quick-start") + "/demo";
+  const std::string checkout = copy_of_checkout(scratch_dir("quick-start"));
+  const std::string run_dir = checkout + "/runs/demo";
+  // A corpus left by another dstrain, or made from other texts: the demo makes its own again.
+  std::string why;
+  ASSERT_TRUE(dstrain::files::make_directories(checkout + "/data", &why)) << why;
+  for (const char* stale : {"/data/demo.h5", "/data/demo.valid.h5"}) std::ofstream(checkout + stale) << "stale";
   std::vector<RunOutput> outputs;
   for (const std::string& command : commands) {
     const std::string runnable = shortened(command, dstrain, run_dir);
-    outputs.push_back(run_in_source_dir(runnable, dstrain));
+    outputs.push_back(run_in(checkout, runnable, dstrain));
     ASSERT_EQ(outputs.back().exit_code, 0) << runnable << "\n" << outputs.back().output;
   }
   // The demo trained, saved, evaluated, generated, plotted and said what comes next.
