@@ -19,8 +19,9 @@ class Rerun {
   ~Rerun() {
     if (!clock_) return;
     --clock_->depth_;
-    if (outermost_)
-      clock_->nanoseconds_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+    if (!outermost_) return;
+    clock_->nanoseconds_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+    ++clock_->reruns_;
   }
   Rerun(const Rerun&) = delete;
   Rerun& operator=(const Rerun&) = delete;

@@ -117,4 +117,9 @@ bool Watched::test() {
   return state_->done;
 }
 
+bool Watched::seen_complete() const {
+  std::lock_guard<std::mutex> lock(progress().mutex);
+  return state_->done;
+}
+
 }  // namespace dstrain::mpi_progress

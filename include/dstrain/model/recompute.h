@@ -51,10 +51,11 @@ struct RecomputePlan {
 class RerunClock {
  public:
   double seconds() const { return static_cast<double>(nanoseconds_.load()) * 1e-9; }
+  int64_t reruns() const { return reruns_.load(); }  // those counted: a rerun inside another is part of it
 
  private:
   friend class Rerun;
-  std::atomic<int64_t> nanoseconds_{0};
+  std::atomic<int64_t> nanoseconds_{0}, reruns_{0};
   std::atomic<int> depth_{0};  // reruns under way (they nest)
 };
 

@@ -31,6 +31,8 @@ class Watched {
 
   // Whether the operation has completed (tests it; throws comm_error if MPI reports a failure).
   bool test();
+  // Whether a test (the thread's or test()) has seen it complete; calls no MPI.
+  bool seen_complete() const;
 
   struct State;
 
