@@ -23,6 +23,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/h5.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/log_writer.h"
 #include "dstrain/core/option_reference.h"
 #include "dstrain/data/prep.h"
 #include "dstrain/parallel/mpi_check.h"
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
     if (error.what()[0] != '\0') log::error(error.what());  // empty: another rank has reported it
     if (h5::holds_unclosable_file()) {
       // HDF5's clean-up at exit would crash on the file it could not close: leave without it.
+      log::drain(log::kDrainStallSeconds);
       std::fflush(nullptr);
       std::_Exit(static_cast<int>(error.code()));
     }

@@ -1,5 +1,7 @@
 #include "dstrain/core/log.h"
 
+#include "dstrain/core/log_writer.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,26 +19,16 @@ std::mutex g_mutex;  // the prefetch thread may log too
 std::string g_status;  // the live line on the terminal, "" when there is none
 
 // "\r" returns to the line's start, "ESC [K" erases to its end: the status line disappears.
-void erase_status() {
-  if (!g_status.empty()) std::fputs("\r\033[K", stdout);
-}
-
-void draw_status() {
-  if (g_status.empty()) return;
-  std::fputs(g_status.c_str(), stdout);
-  std::fflush(stdout);
-}
+constexpr const char* kEraseStatus = "\r\033[K";
 
 void emit(FILE* stream, const char* level, const std::string& line, bool force) {
   if (!force && !is_printing_rank()) return;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  erase_status();
-  std::fflush(stdout);
   // Which rank speaks matters only when there are several.
-  if ((g_all_ranks || force) && g_world_size > 1) std::fprintf(stream, "[rank %d] ", g_rank);
-  std::fprintf(stream, "%s%s\n", level, line.c_str());
-  std::fflush(stream);
-  draw_status();
+  const std::string prefix = (g_all_ranks || force) && g_world_size > 1 ? "[rank " + std::to_string(g_rank) + "] " : "";
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_status.empty()) output(stdout, kEraseStatus);
+  output(stream, prefix + level + line + "\n");
+  if (!g_status.empty()) output(stdout, g_status);
 }
 
 }  // namespace
@@ -73,10 +65,8 @@ bool stdout_is_terminal() {
 void set_status(const std::string& line) {
   if (g_rank != 0 || !stdout_is_terminal()) return;  // one bar per job, also with log.all_ranks
   std::lock_guard<std::mutex> lock(g_mutex);
-  erase_status();
+  output(stdout, g_status.empty() ? line : kEraseStatus + line);
   g_status = line;
-  if (line.empty()) std::fflush(stdout);
-  draw_status();
 }
 
 void write_info(const std::string& line) { emit(stdout, "", line, false); }

@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+
+#include "dstrain/core/log_writer.h"
 
 
 namespace dstrain {
@@ -31,10 +34,13 @@ void Deadline::watch() {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (!rank) rank = std::getenv("PMI_RANK");
   if (!rank) rank = std::getenv("SLURM_PROCID");
-  std::fprintf(stderr, "error: %s did not finish within comm.timeout_s = %g s (rank %s on %s): %s; the job ends (exit code %d)\n",
-               what_.c_str(), timeout_s_, rank ? rank : "?", host, why_.c_str(), static_cast<int>(code_));
+  char timeout[32];
+  std::snprintf(timeout, sizeof timeout, "%g", timeout_s_);
+  log::output(stderr, "error: " + what_ + " did not finish within comm.timeout_s = " + timeout + " s (rank " +
+                          (rank ? rank : "?") + " on " + host + "): " + why_ + "; the job ends (exit code " +
+                          std::to_string(static_cast<int>(code_)) + ")\n");
   if (!partial_file_.empty()) ::unlink(partial_file_.c_str());  // (by every rank; the first one wins)
-  std::fflush(stderr);
+  log::drain(log::kDrainStallSeconds);  // the lines before it too, unless nobody reads them
   std::_Exit(static_cast<int>(code_));
 }
 

@@ -3,6 +3,7 @@
 #include "dstrain/core/blas.h"
 #include "dstrain/core/heap.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/log_writer.h"
 #include "dstrain/parallel/agreed_phase.h"
 #include "dstrain/parallel/mpi_check.h"
 #include "dstrain/parallel/deadline.h"
@@ -41,6 +42,7 @@ Job start_job(const std::function<TrainConfig(int world_size, int world_rank)>& 
 
 void abort_job(const Error& error) {
   log::error(error.what());
+  log::drain(log::kDrainStallSeconds);  // the message out first, unless nobody reads it
   MPI_Abort(MPI_COMM_WORLD, static_cast<int>(error.code()));
   std::abort();  // MPI_Abort does not return
 }

@@ -9,6 +9,7 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
+#include "dstrain/core/log_writer.h"
 #include "dstrain/core/step_memory.h"
 #include "dstrain/data/corpus.h"
 #include "dstrain/data/loader.h"
@@ -367,6 +368,9 @@ void require_state_fits_here(const Job& job) {
 
 TrainResult run_training(Options options) {
   signals::install();  // (again: MPI's start-up may have installed handlers of its own)
+  // A log that nobody reads (mpirun stops forwarding once signalled) must not stop training or
+  // the checkpoint a stop signal asks for.
+  log::write_in_background();
   Job job = start_job([&](int world_size, int world_rank) {
     TrainConfig config = read_train_config(options, world_size);
     log::configure(world_rank, world_size, config.log.all_ranks);
