@@ -6,10 +6,14 @@
 # The run directory is runs/JOB_NAME in the submit directory (RUN_DIR overrides): a requeued or
 # resubmitted job of the same name continues the same run from its latest checkpoint.
 #
-# Without Slurm's srun, the same run under Open MPI's launcher (the sigkill timeout gives the ranks
-# two minutes to checkpoint when mpirun is sent SIGTERM, instead of Open MPI's 1 s; README):
+# Stopping it with a checkpoint: scancel --signal=TERM JOBID (every rank hears it at once).
+#
+# Without Slurm's srun, the same run under Open MPI's launcher:
 #   mpirun -np 8 --bind-to numa --map-by numa --mca odls_base_sigkill_timeout 120 \
 #     build/dstrain train --config CONFIG --ckpt.resume auto ...
+# stopped with a checkpoint by `kill -USR1 MPIRUN_PID` (Open MPI forwards SIGUSR1 to every rank at
+# once); a plain SIGTERM to mpirun reaches the ranks only after the sigkill timeout, which must
+# then leave them time for a step and a save (docs/checkpoints.md).
 #SBATCH --job-name=dstrain
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8

@@ -4,7 +4,7 @@
 # ranks of a node in one data-parallel group).
 #   sbatch --nodes=4 jobs/train_multinode.sh input/deepseek-llm-7b.ini --data.train data/my.h5
 # The run directory is runs/JOB_NAME in the submit directory (RUN_DIR overrides), on a file system
-# every node sees, as must be ckpt.dir.
+# every node sees, as must be ckpt.dir. Stopping it with a checkpoint: scancel --signal=TERM JOBID.
 #SBATCH --job-name=dstrain
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8

@@ -421,28 +421,25 @@ TEST(Checkpoint, Bf16RunsResumeFromTheirMasterWeights) {
   EXPECT_TRUE(torch::equal(as_float, param.to(torch::kFloat32)));
 }
 
-// SIGTERM to mpirun itself (`kill` of the launcher, a scheduler without Slurm): Open MPI passes it
-// on to the ranks only after odls_base_sigkill_timeout and kills them as long after that, 1 s by
-// default, too little for a step of this 25M-parameter model (about 3 s alone, up to 12 s beside
-// the rest of the suite) and its checkpoint (without the setting the ranks are killed before they
-// write it). With the setting the README gives, the ranks finish their step, write the checkpoint
-// and stop. Open MPI sleeps the whole timeout twice whatever the ranks do, so 30 s costs the test a
-// minute: room for a step and a save on a loaded machine, not more.
-TEST(Checkpoint, SigtermToMpirunLeavesACheckpointWithOpenMpisKillTimeout) {
-  const std::string dir = scratch_dir("ckpt-sigterm-mpirun");
-  const std::vector<std::string> args = {
-      std::string(MPIEXEC), "-np", "2", "--oversubscribe", "-x", "OMPI_MCA_odls_base_sigkill_timeout", DSTRAIN_EXE,
-      "train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini", "--run.dir", dir, "--data.train",
-      test_corpus().train, "--train.device", "cpu", "--model.hidden_size", "512", "--model.num_layers", "8",
-      "--model.num_heads", "8", "--model.intermediate_size", "1408", "--model.max_seq_len", "256",
-      "--train.seq_len", "256", "--train.micro_batch", "8", "--train.global_batch", "16", "--train.steps", "1000",
-      "--log.interval", "1", "--train.eval_interval", "0"};
+namespace {
+
+// `mpirun -np 2` training a 25M-parameter model (a step of about 3 s alone, up to 12 s beside the
+// rest of the suite) into `dir`, its output into dir/launcher.log; `environment` (NAME=VALUE) is
+// set for it and passed on to the ranks. Returns once the run has logged its second step.
+pid_t launch_until_second_step(const std::string& dir, const std::vector<std::string>& environment) {
+  std::vector<std::string> args = {std::string(MPIEXEC), "-np", "2", "--oversubscribe"};
+  for (const std::string& setting : environment) args.insert(args.end(), {"-x", setting.substr(0, setting.find('='))});
+  args.insert(args.end(), {DSTRAIN_EXE, "train", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                           "--run.dir", dir, "--data.train", test_corpus().train, "--train.device", "cpu",
+                           "--model.hidden_size", "512", "--model.num_layers", "8", "--model.num_heads", "8",
+                           "--model.intermediate_size", "1408", "--model.max_seq_len", "256", "--train.seq_len", "256",
+                           "--train.micro_batch", "8", "--train.global_batch", "16", "--train.steps", "1000",
+                           "--log.interval", "1", "--train.eval_interval", "0"});
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  setenv("OMPI_MCA_odls_base_sigkill_timeout", "30", 1);
   const pid_t launcher = fork();
-  ASSERT_GE(launcher, 0);
   if (launcher == 0) {
+    for (const std::string& setting : environment) putenv(const_cast<char*>(setting.c_str()));
     const std::string log = dir + "/launcher.log";
     freopen(log.c_str(), "w", stdout);
     dup2(fileno(stdout), STDERR_FILENO);
@@ -452,8 +449,6 @@ TEST(Checkpoint, SigtermToMpirunLeavesACheckpointWithOpenMpisKillTimeout) {
     execv(argv[0], argv.data());
     _exit(127);
   }
-  unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
-  // Once the run has logged its second step, the launcher is told to stop.
   auto logged_steps = [&] {
     std::ifstream metrics(dir + "/metrics.jsonl");
     std::string line;
@@ -461,15 +456,50 @@ TEST(Checkpoint, SigtermToMpirunLeavesACheckpointWithOpenMpisKillTimeout) {
     while (std::getline(metrics, line)) ++lines;
     return lines;
   };
-  for (int waited = 0; waited < 1800 && logged_steps() < 2; ++waited) usleep(100 * 1000);
-  ASSERT_GE(logged_steps(), 2) << read_text(dir + "/launcher.log");
-  ASSERT_EQ(kill(launcher, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  for (int waited = 0; launcher > 0 && waited < 1800 && logged_steps() < 2; ++waited) usleep(100 * 1000);
+  EXPECT_GE(logged_steps(), 2) << read_text(dir + "/launcher.log");
+  return launcher;
+}
+
+// The checkpoint a stop signal left in `dir`: of the second step or later.
+void expect_stopped_with_a_checkpoint(const std::string& dir, const std::string& signal) {
   const std::string output = read_text(dir + "/launcher.log");
-  EXPECT_NE(output.find("stopped by SIGTERM after step"), std::string::npos) << output;
+  EXPECT_NE(output.find("stopped by " + signal + " after step"), std::string::npos) << output;
   const std::string latest = latest_of(dir);
   ASSERT_FALSE(latest.empty()) << output;
   dstrain::CheckpointReader reader(dir + "/checkpoints/" + latest);
   EXPECT_GE(reader.state().step, 2u);
+}
+
+}  // namespace
+
+// SIGTERM to mpirun itself (`kill` of the launcher, a scheduler without Slurm): Open MPI passes it
+// on to the ranks only after odls_base_sigkill_timeout and kills them as long after that, 1 s by
+// default, too little for a step of this model and its checkpoint (without the setting the ranks
+// are killed before they write it). With the setting docs/checkpoints.md gives, the ranks finish their
+// step, write the checkpoint and stop. Open MPI sleeps the whole timeout twice whatever the ranks
+// do, so 30 s costs the test a minute: room for a step and a save on a loaded machine, not more.
+TEST(Checkpoint, SigtermToMpirunLeavesACheckpointWithOpenMpisKillTimeout) {
+  const std::string dir = scratch_dir("ckpt-sigterm-mpirun");
+  const pid_t launcher = launch_until_second_step(dir, {"OMPI_MCA_odls_base_sigkill_timeout=30"});
+  ASSERT_GT(launcher, 0);
+  ASSERT_EQ(kill(launcher, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  expect_stopped_with_a_checkpoint(dir, "SIGTERM");
+}
+
+// SIGUSR1 to mpirun, docs/checkpoints.md's way to stop an mpirun job: Open MPI forwards it to every rank at
+// once, without the kill timeout's delay or its limit; the ranks write the checkpoint and exit with
+// 75, which mpirun returns.
+TEST(Checkpoint, SigusrToMpirunStopsEveryRankWithACheckpointAndExit75) {
+  const std::string dir = scratch_dir("ckpt-sigusr-mpirun");
+  const pid_t launcher = launch_until_second_step(dir, {});
+  ASSERT_GT(launcher, 0);
+  ASSERT_EQ(kill(launcher, SIGUSR1), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  ASSERT_TRUE(WIFEXITED(status)) << read_text(dir + "/launcher.log");
+  EXPECT_EQ(WEXITSTATUS(status), 75) << read_text(dir + "/launcher.log");
+  expect_stopped_with_a_checkpoint(dir, "SIGUSR1");
 }
