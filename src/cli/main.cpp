@@ -1,5 +1,5 @@
 // dstrain: the command-line entry point. Each subcommand parses its options and hands over to
-// its module; errors become one message and a documented exit code (README, "Exit codes").
+// its module; errors become one message and a documented exit code (docs/troubleshooting.md, "Exit codes").
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -61,7 +61,7 @@ const char* kUsage =
 int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
   if (std::find(args.begin(), args.end(), "--help-markdown") != args.end()) {
-    std::cout << option_reference_markdown(table);  // README's configuration reference
+    std::cout << option_reference_markdown(table);  // docs/configuration.md's option reference
     return 0;
   }
   ParsedCommandLine parsed;

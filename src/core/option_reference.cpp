@@ -43,12 +43,12 @@ std::string option_reference_markdown(const OptionTable& table) {
   return out.str();
 }
 
-std::string option_reference_in(const std::string& readme_text) {
-  const size_t begin = readme_text.find(kBegin), end = readme_text.find(kEnd);
+std::string option_reference_in(const std::string& page_text) {
+  const size_t begin = page_text.find(kBegin), end = page_text.find(kEnd);
   if (begin == std::string::npos || end == std::string::npos || end < begin) return "";
-  const size_t first = readme_text.find('\n', begin);
+  const size_t first = page_text.find('\n', begin);
   if (first == std::string::npos || first + 1 > end) return "";
-  return readme_text.substr(first + 1, end - first - 1);
+  return page_text.substr(first + 1, end - first - 1);
 }
 
 }  // namespace dstrain

@@ -248,7 +248,7 @@ TEST(ModelInfo, ExpertParallelismSplitsTheRoutedExperts) {
       << experts_left.output;
 }
 
-// DeepSeek's own layout (README): 2048 ranks, pp 16, ep 64, ZeRO-1, bf16, seq 4096, micro-batch 1
+// DeepSeek's own layout (docs/models.md): 2048 ranks, pp 16, ep 64, ZeRO-1, bf16, seq 4096, micro-batch 1
 // plans within 60 GiB per rank with full recomputation, and far beyond it without.
 TEST(ModelInfo, DeepSeekV3OnItsOwnLayoutFitsWithFullRecomputation) {
   RunOutput run = run_dstrain(0, {"model", "info", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3.ini",

@@ -82,7 +82,7 @@ TEST(Prep, BadOptionsAreRefusedWithoutTouchingTheInput) {
   }
   EXPECT_EQ(read_text(text), "a few words to tokenize\n");
 
-  // Missing directories of the outputs are made (the README's data/my.h5 on a fresh checkout),
+  // Missing directories of the outputs are made (docs/data.md's data/my.h5 on a fresh checkout),
   // and removed again when prep fails.
   const std::string bad = dir + "/bad.jsonl";
   std::ofstream(bad) << "{\"text\": \"fine\"}\nnot json\n";

@@ -1,4 +1,4 @@
-// The checkpoint file (README, "Checkpoints"): one HDF5 file per checkpoint,
+// The checkpoint file (docs/checkpoints.md): one HDF5 file per checkpoint,
 //   /model/<hf name>                      every parameter, full shape, in its dtype
 //   /optim/<hf name>/master               fp32 master weight (bf16/fp16 models only)
 //   /optim/<hf name>/exp_avg, exp_avg_sq  AdamW moments, fp32

@@ -1,5 +1,5 @@
 // Errors that reach the user, each with the process exit code it maps to. The codes are a stable
-// contract (README, "Exit codes"): job scripts decide from them whether to requeue.
+// contract (docs/troubleshooting.md, "Exit codes"): job scripts decide from them whether to requeue.
 #pragma once
 
 #include <stdexcept>

@@ -1,4 +1,4 @@
-// The tokenized corpus: one HDF5 file (README, "Corpus format").
+// The tokenized corpus: one HDF5 file (docs/data.md, "Corpus format").
 //
 //   /tokens        1-D, uint16 when the vocabulary fits in 16 bits, else uint32; documents one
 //                  after the other, each ending with the end-of-document token

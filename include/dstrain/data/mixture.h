@@ -1,6 +1,6 @@
 // Training on several corpora at once, in given proportions: data.train = a.h5:0.7,b.h5:0.3.
 //
-// Global position p (the same positions as for one corpus: README, "Data order") goes to the
+// Global position p (the same positions as for one corpus: docs/parallelism.md, "Data order") goes to the
 // corpus c whose share is furthest behind, c = argmax_c (w_c × (p + 1) − taken_c(p)), lowest c
 // on ties, so every prefix of the stream holds each corpus within one sample of its weight. The
 // corpus's own taken_c-th sample is then drawn as for a single corpus, by its own permutation

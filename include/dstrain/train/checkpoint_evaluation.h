@@ -20,7 +20,7 @@ struct CheckpointEvaluation {
 // `options`: train_option_table() values, the checkpoint's configuration with the command line's
 // overrides applied (checkpoint_config_arguments). `batches` global batches from the start of
 // the corpus; 0: every one it holds. Collective over MPI_COMM_WORLD (MPI is initialised).
-// Throws Error with the exit code of what is wrong (README, "Exit codes").
+// Throws Error with the exit code of what is wrong (docs/troubleshooting.md, "Exit codes").
 CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& checkpoint, const std::string& corpus,
                                          int64_t batches);
 

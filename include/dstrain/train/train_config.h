@@ -54,7 +54,7 @@ struct DataConfig {
   int64_t prefetch = 4;
 };
 
-// Fault injection for tests (README, "Checkpoints"): rank fail_rank, at the start of step
+// Fault injection for tests (docs/checkpoints.md): rank fail_rank, at the start of step
 // fail_at_step, kills itself (kill), kills itself while its checkpoint is being written
 // (kill_in_save), signals itself SIGTERM (sigterm), stops answering (hang), or makes its
 // gradients NaN (nan).

@@ -1,5 +1,5 @@
-// README.md's configuration reference is the option table's, word for word: a new, renamed or
-// re-documented option fails this test until README follows (scripts/update-readme-options.sh).
+// docs/configuration.md's option reference is the option table's, word for word: a new, renamed
+// or re-documented option fails this test until the page follows (scripts/update-option-reference.sh).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,19 +10,19 @@
 
 using namespace dstrain;
 
-TEST(Readme, OptionReferenceMatchesTheOptionTable) {
-  std::ifstream in(std::string(DSTRAIN_SOURCE_DIR) + "/README.md");
-  ASSERT_TRUE(in.good()) << "cannot read README.md";
+TEST(ConfigurationDoc, OptionReferenceMatchesTheOptionTable) {
+  std::ifstream in(std::string(DSTRAIN_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in.good()) << "cannot read docs/configuration.md";
   std::stringstream text;
   text << in.rdbuf();
   const std::string in_readme = option_reference_in(text.str());
-  ASSERT_FALSE(in_readme.empty()) << "README.md lacks the option reference markers";
+  ASSERT_FALSE(in_readme.empty()) << "docs/configuration.md lacks the option reference markers";
   const std::string expected = option_reference_markdown(train_option_table());
-  EXPECT_EQ(in_readme, expected) << "README.md's option reference differs from the options; "
-                                    "run scripts/update-readme-options.sh";
+  EXPECT_EQ(in_readme, expected) << "docs/configuration.md's option reference differs from the options; "
+                                    "run scripts/update-option-reference.sh";
 }
 
-TEST(Readme, ReferenceListsEveryOptionWithDefaultAndMeaning) {
+TEST(ConfigurationDoc, ReferenceListsEveryOptionWithDefaultAndMeaning) {
   const OptionTable table = train_option_table();
   const std::string reference = option_reference_markdown(table);
   for (const OptionSpec& spec : table.specs()) {
@@ -34,7 +34,7 @@ TEST(Readme, ReferenceListsEveryOptionWithDefaultAndMeaning) {
   }
 }
 
-TEST(Readme, MarkersDelimitTheReference) {
+TEST(ConfigurationDoc, MarkersDelimitTheReference) {
   EXPECT_EQ(option_reference_in("a\n<!-- BEGIN option reference -->\nx\ny\n<!-- END option reference -->\nb"), "x\ny\n");
   EXPECT_EQ(option_reference_in("no markers"), "");
 }
