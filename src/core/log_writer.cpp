@@ -34,10 +34,8 @@ Queue& queue() {
 
 // Straight to the file descriptor, past stdio: a write blocked on a reader that is gone then
 // holds no stdio lock, which the process's exit (flushing every stream) would wait for forever.
-// What the stream still buffers goes first. A reader that has gone away for good (EPIPE) or a
-// failing write drops the rest of the text: there is nobody to tell.
+// A failing write drops the rest of the text: there is nobody to tell.
 void write_out(FILE* stream, const std::string& text) {
-  std::fflush(stream);
   const int fd = fileno(stream);
   for (size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -75,6 +73,7 @@ void output(FILE* stream, const std::string& text) {
   Queue& q = queue();
   std::unique_lock<std::mutex> lock(q.mutex);
   if (!q.background) {
+    std::fflush(stream);      // what others wrote through stdio first
     write_out(stream, text);  // under the lock: in order with the queue's last lines
     return;
   }
