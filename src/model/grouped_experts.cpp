@@ -1,5 +1,6 @@
 #include "dstrain/model/grouped_experts.h"
 
+#include "dstrain/model/fp8_projection.h"
 #include "dstrain/model/grouped_projection.h"
 #include "dstrain/model/swiglu_activation.h"
 
@@ -16,7 +17,10 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, in
       selective_(options.selective()),
       cuda_kernels_(options.cuda_kernels),
       grouped_(options.grouped_matmul),
-      deferral_(options.deferral) {
+      deferral_(options.deferral),
+      fp8_(options.fp8),
+      fp8_weights_(std::make_unique<Fp8WeightCache>()),
+      fp8_inputs_(std::make_unique<Fp8InputShare>()) {
   gate_proj_ = register_parameter("gate_proj", torch::zeros({experts, intermediate, hidden}));
   up_proj_ = register_parameter("up_proj", torch::zeros({experts, intermediate, hidden}));
   down_proj_ = register_parameter("down_proj", torch::zeros({experts, hidden, intermediate}));
@@ -24,6 +28,8 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, in
 
 torch::Tensor GroupedExpertsImpl::project(const torch::Tensor& rows, const torch::Tensor& weights,
                                           const std::vector<int64_t>& counts) {
+  if (fp8_ != Fp8Recipe::kNone)
+    return fp8_grouped_projection(rows, weights, counts, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get()});
   return grouped_projection(rows, weights, counts, grouped_.get(), deferral_);
 }
 

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dstrain/model/expert_rows.h"
+
 namespace dstrain {
 namespace {
 
@@ -22,16 +24,6 @@ struct ExpertRows {
   torch::Tensor deferred_weight;
   WeightGradientDeferral* deferral = nullptr;
 };
-
-// each(e, first row, rows) for every expert e with rows.
-template <typename Each>
-void for_each_expert_with_rows(const std::vector<int64_t>& counts, Each each) {
-  int64_t start = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] > 0) each(static_cast<int64_t>(e), start, counts[e]);
-    start += counts[e];
-  }
-}
 
 // [rows of e] = a[rows of e] × stack[e] for each expert e with rows: [N, K] × [experts, K, M] → [N, M].
 torch::Tensor per_expert_products(const torch::Tensor& a, const torch::Tensor& stack,

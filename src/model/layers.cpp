@@ -17,10 +17,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options)
     : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()), selective_(options.selective()) {
-  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_, options.deferral));
-  k_proj_ = register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, options.deferral));
-  v_proj_ = register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, options.deferral));
-  o_proj_ = register_module("o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, options.deferral));
+  const auto hidden = std::make_shared<Fp8InputShare>();  // q, k and v read the same input
+  q_proj_ = register_module("q_proj", layer_projection(c.hidden_size, num_heads_ * head_dim_, options, hidden));
+  k_proj_ = register_module("k_proj", layer_projection(c.hidden_size, num_kv_heads_ * head_dim_, options, hidden));
+  v_proj_ = register_module("v_proj", layer_projection(c.hidden_size, num_kv_heads_ * head_dim_, options, hidden));
+  o_proj_ = register_module("o_proj", layer_projection(num_heads_ * head_dim_, c.hidden_size, options));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
@@ -72,9 +73,10 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options)
     : selective_(options.selective()), cuda_kernels_(options.cuda_kernels) {
-  gate_proj_ = register_module("gate_proj", Projection(hidden, intermediate, options.deferral));
-  up_proj_ = register_module("up_proj", Projection(hidden, intermediate, options.deferral));
-  down_proj_ = register_module("down_proj", Projection(intermediate, hidden, options.deferral));
+  const auto input = std::make_shared<Fp8InputShare>();  // gate and up read the same input
+  gate_proj_ = register_module("gate_proj", layer_projection(hidden, intermediate, options, input));
+  up_proj_ = register_module("up_proj", layer_projection(hidden, intermediate, options, input));
+  down_proj_ = register_module("down_proj", layer_projection(intermediate, hidden, options));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {

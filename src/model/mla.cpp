@@ -23,19 +23,19 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c,
       scale_(c.softmax_scale()),
       selective_(options.selective()) {
   const int64_t qk = nope_ + rope_dim_;
-  WeightGradientDeferral* deferral = options.deferral;
+  const auto hidden = std::make_shared<Fp8InputShare>();  // the query's and the key-value latent's input
   if (c.q_lora_rank > 0) {
-    q_a_proj_ = register_module("q_a_proj", Projection(c.hidden_size, c.q_lora_rank, deferral));
+    q_a_proj_ = register_module("q_a_proj", layer_projection(c.hidden_size, c.q_lora_rank, options, hidden));
     q_a_layernorm_ = register_module("q_a_layernorm", RMSNorm(c.q_lora_rank, kLatentNormEps));
-    q_b_proj_ = register_module("q_b_proj", Projection(c.q_lora_rank, heads_ * qk, deferral));
+    q_b_proj_ = register_module("q_b_proj", layer_projection(c.q_lora_rank, heads_ * qk, options));
   } else {
-    q_proj_ = register_module("q_proj", Projection(c.hidden_size, heads_ * qk, deferral));
+    q_proj_ = register_module("q_proj", layer_projection(c.hidden_size, heads_ * qk, options, hidden));
   }
   kv_a_proj_with_mqa_ =
-      register_module("kv_a_proj_with_mqa", Projection(c.hidden_size, kv_lora_rank_ + rope_dim_, deferral));
+      register_module("kv_a_proj_with_mqa", layer_projection(c.hidden_size, kv_lora_rank_ + rope_dim_, options, hidden));
   kv_a_layernorm_ = register_module("kv_a_layernorm", RMSNorm(kv_lora_rank_, kLatentNormEps));
-  kv_b_proj_ = register_module("kv_b_proj", Projection(kv_lora_rank_, heads_ * (nope_ + v_dim_), deferral));
-  o_proj_ = register_module("o_proj", Projection(heads_ * v_dim_, c.hidden_size, deferral));
+  kv_b_proj_ = register_module("kv_b_proj", layer_projection(kv_lora_rank_, heads_ * (nope_ + v_dim_), options));
+  o_proj_ = register_module("o_proj", layer_projection(heads_ * v_dim_, c.hidden_size, options));
 }
 
 Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {

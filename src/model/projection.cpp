@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "dstrain/model/fp8_projection.h"
+
 namespace dstrain {
 namespace {
 
@@ -42,18 +44,29 @@ class DeferredWeightProjection : public torch::autograd::Function<DeferredWeight
 
 }  // namespace
 
-ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral)
-    : deferral_(deferral) {
+ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral,
+                               Fp8Recipe fp8, std::shared_ptr<Fp8InputShare> fp8_inputs)
+    : deferral_(deferral),
+      fp8_(fp8),
+      fp8_weights_(std::make_unique<Fp8WeightCache>()),
+      fp8_inputs_(std::move(fp8_inputs)) {
   weight = register_parameter("weight", torch::zeros({out_features, in_features}));
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
+  if (fp8_ != Fp8Recipe::kNone)
+    return fp8_projection(x, weight, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get()});
   // (Only where x carries a graph: otherwise the function's backward, and with it the weight's
   // gradient, would never run.)
   if (deferral_ && deferral_->deferring() && torch::GradMode::is_enabled() && weight.requires_grad() &&
       x.requires_grad())
     return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight, deferral_});
   return torch::nn::functional::linear(x, weight);
+}
+
+Projection layer_projection(int64_t in_features, int64_t out_features, const ComputeOptions& options,
+                            std::shared_ptr<Fp8InputShare> same_input) {
+  return Projection(in_features, out_features, options.deferral, options.fp8, std::move(same_input));
 }
 
 }  // namespace dstrain

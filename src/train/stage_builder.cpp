@@ -75,6 +75,7 @@ ComputeOptions compute_options(const LoopConfig& loop) {
   ComputeOptions options;
   options.recompute = {loop.recompute, loop.recompute_layers};
   options.cuda_kernels = loop.cuda_kernels && cuda_kernels_built();
+  options.fp8 = loop.fp8;
   if (loop.grouped_experts && grouped_matmul_built()) options.grouped_matmul = std::make_shared<GroupedMatmul>();
   return options;
 }

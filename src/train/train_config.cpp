@@ -36,6 +36,11 @@ void add_loop_options(OptionTable& t) {
   t.add("train.precision", OptionKind::kString, "fp32",
         "parameters and activations: fp32, bf16 or fp16 (fp32 master weights and optimizer state; "
         "fp16 with dynamic loss scaling)");
+  t.add("train.fp8", OptionKind::kString, "none",
+        "the decoder layers' linear maps in FP8 (E4M3, fp32 accumulation; needs train.precision = bf16): none; "
+        "tensorwise; rowwise; or blockwise, DeepSeek-V3's recipe (1x128 tiles for activations and gradients, "
+        "128x128 blocks for weights). Embedding, LM head, router, norms, attention core and the multi-token "
+        "prediction projection stay bf16");
   t.add("train.cuda_kernels", OptionKind::kBool, "true",
         "dstrain's own fused CUDA kernels (LM loss softmax, SwiGLU, RoPE) on GPUs where built; "
         "false: LibTorch's operations");
@@ -116,6 +121,11 @@ LoopConfig read_loop_config(Options& o, const ModelConfig& model, int dp) {
   c.device = o.get_enum("train.device", device_request_names());
   c.precision = o.get_enum("train.precision", precision_names());
   c.peak_tflops = o.get_float("train.peak_tflops", 0.0, 1e6);
+  c.fp8 = o.get_enum("train.fp8", fp8_recipe_names());
+  if (c.fp8 != Fp8Recipe::kNone && c.precision != torch::kBFloat16)
+    throw config_error("train.fp8", o.raw("train.fp8"),
+                       "computes in FP8 around bf16 activations; train.precision is " + o.raw("train.precision") +
+                           " here: set train.precision = bf16");
   c.cuda_kernels = o.get_bool("train.cuda_kernels");
   c.grouped_experts = o.get_bool("train.grouped_experts");
   c.recompute = o.get_enum("train.recompute", recompute_names());

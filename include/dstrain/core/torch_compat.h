@@ -2,6 +2,7 @@
 // lives here, so that the rest of the code reads the same for both.
 #pragma once
 
+#include "dstrain/core/fp8_e4m3.h"
 #include "dstrain/core/torch_api.h"
 
 #ifndef TORCH_VERSION_MAJOR
@@ -31,6 +32,25 @@ constexpr bool kHasFusedRmsNormOnCuda = DSTRAIN_TORCH_AT_LEAST(2, 9);
 // only a weak reference, so whoever hangs hooks on the node holds one of these.
 using GradAccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+// E4M3 elements as a tensor, from float values already scaled into E4M3's range (magnitudes
+// beyond 448 saturate; NaN stays NaN), rounded to the nearest E4M3 value, ties to even: LibTorch's
+// own float8_e4m3fn from 2.1 on, on any device; before it, core's uint8 codes (fp8_e4m3.h), on
+// the CPU. from_e4m3 gives them back as float32.
+inline torch::Tensor to_e4m3(const torch::Tensor& values) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
+  return values.to(torch::kFloat32).clamp(-kE4M3Max, kE4M3Max).to(torch::kFloat8_e4m3fn);
+#else
+  return e4m3_encode(values);
+#endif
+}
+inline torch::Tensor from_e4m3(const torch::Tensor& elements) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
+  return elements.to(torch::kFloat32);
+#else
+  return e4m3_decode(elements);
+#endif
+}
 
 // The softmax probabilities of causal attention, [batch, heads, queries, keys] in q's dtype (see
 // causal_attention for the shapes): LibTorch 1.13's attention is these times the values.

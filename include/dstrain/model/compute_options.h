@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "dstrain/model/cuda_kernels.h"
+#include "dstrain/model/fp8_recipe.h"
 #include "dstrain/model/recompute.h"
 
 namespace dstrain {
@@ -26,6 +27,9 @@ struct ComputeOptions {
   // one (shared by the chunk's layers, which stop trying together when LibTorch refuses it);
   // nullptr: one product per expert.
   std::shared_ptr<GroupedMatmul> grouped_matmul;
+  // train.fp8: the decoder layers' linear maps (projections, dense MLPs, shared and routed
+  // experts) compute in FP8 with this recipe (fp8_recipe.h); none: in the parameters' dtype.
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
   // Zero-bubble schedules: where the products leave their weight gradients for the W action
   // (pipeline/weight_gradient_store.h); nullptr: never deferred.
   WeightGradientDeferral* deferral = nullptr;

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "dstrain/model/compute_options.h"
+#include "dstrain/model/fp8_input_share.h"
+#include "dstrain/model/fp8_weight_cache.h"
 #include "dstrain/model/grouped_matmul.h"
 
 namespace dstrain {
@@ -45,6 +47,9 @@ class GroupedExpertsImpl : public torch::nn::Module {
   bool cuda_kernels_;
   std::shared_ptr<GroupedMatmul> grouped_;
   WeightGradientDeferral* deferral_;
+  Fp8Recipe fp8_;
+  std::unique_ptr<Fp8WeightCache> fp8_weights_;
+  std::unique_ptr<Fp8InputShare> fp8_inputs_;  // gate and up read the same rows
   torch::Tensor gate_proj_, up_proj_, down_proj_;
 };
 TORCH_MODULE(GroupedExperts);

@@ -2,11 +2,18 @@
 // "weight" as in Hugging Face's nn.Linear. It computes what torch::nn::Linear computes; under a
 // zero-bubble pipeline schedule (its deferral deferring() when the forward pass runs) its backward
 // pass computes the input's gradient at once and leaves the weight's to the schedule's W action,
-// with the same products autograd would run.
+// with the same products autograd would run. Under FP8 training (a recipe other than none) its
+// products are FP8 ones (fp8_projection.h).
 #pragma once
 
 #include "dstrain/core/torch_api.h"
 
+#include <memory>
+
+#include "dstrain/model/compute_options.h"
+#include "dstrain/model/fp8_input_share.h"
+#include "dstrain/model/fp8_recipe.h"
+#include "dstrain/model/fp8_weight_cache.h"
 #include "dstrain/model/weight_gradient_deferral.h"
 
 namespace dstrain {
@@ -14,14 +21,25 @@ namespace dstrain {
 class ProjectionImpl : public torch::nn::Module {
  public:
   // `deferral`: where its weight gradient may go (ComputeOptions::deferral); nullptr: never deferred.
-  ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral = nullptr);
+  // `fp8`: ComputeOptions::fp8 for the decoder layers' projections; none for those kept in
+  // train.precision. `fp8_inputs`: shared by the projections that read the same input.
+  ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral = nullptr,
+                 Fp8Recipe fp8 = Fp8Recipe::kNone, std::shared_ptr<Fp8InputShare> fp8_inputs = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor weight;  // [out_features, in_features]
 
  private:
   WeightGradientDeferral* deferral_;
+  Fp8Recipe fp8_;
+  std::unique_ptr<Fp8WeightCache> fp8_weights_;
+  std::shared_ptr<Fp8InputShare> fp8_inputs_;
 };
 TORCH_MODULE(Projection);
+
+// A decoder layer's projection, deferred and in FP8 as `options` say; `same_input`: shared by the
+// projections that read the same input (FP8 keeps one copy of it for them all).
+Projection layer_projection(int64_t in_features, int64_t out_features, const ComputeOptions& options,
+                            std::shared_ptr<Fp8InputShare> same_input = nullptr);
 
 }  // namespace dstrain

@@ -10,6 +10,7 @@
 #include "dstrain/core/torch_api.h"
 #include "dstrain/data/batch_rampup.h"
 #include "dstrain/parallel/parallel_config.h"
+#include "dstrain/model/fp8_recipe.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/optim/optim_config.h"
@@ -38,6 +39,7 @@ struct LoopConfig {
   DeviceRequest device = DeviceRequest::kAuto;
   torch::ScalarType precision = torch::kFloat32;  // of parameters and activations: fp32, bf16 or fp16
   double peak_tflops = 0;          // 0: known figures by GPU name
+  Fp8Recipe fp8 = Fp8Recipe::kNone;  // the decoder layers' linear maps (model/fp8_recipe.h)
   bool cuda_kernels = true;        // dstrain's own, where built (model/cuda_kernels.h)
   bool grouped_experts = true;     // LibTorch's grouped product for routed experts (model/grouped_matmul.h)
   Recompute recompute = Recompute::kNone;

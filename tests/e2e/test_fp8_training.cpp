@@ -1,0 +1,101 @@
+// FP8 training (train.fp8) end to end on the CPU, where the products are the emulation
+// (model/fp8_products.h): each recipe trains the tiny models as well as bf16 does, resumes bitwise,
+// and a checkpoint moves between FP8 and bf16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "e2e_util.h"
+
+using namespace dstrain::e2e;
+
+namespace {
+
+const std::vector<std::string> kRecipes = {"tensorwise", "rowwise", "blockwise"};
+
+// The mean training loss of steps 151-200: the last record at log.interval 50.
+double final_loss(const std::string& dir) {
+  const std::vector<nlohmann::json> records = train_records(dir);
+  EXPECT_EQ(records.size(), 4u) << dir;
+  return records.empty() ? NAN : records.back()["loss"].get<double>();
+}
+
+std::vector<std::string> recipe_args(const std::string& recipe, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--train.device", "cpu", "--train.precision", "bf16", "--train.fp8", recipe};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// 200 steps of each recipe against bf16, the same data in the same order: the final loss within 1%.
+void expect_each_recipe_within_one_percent(int ranks, const std::string& name,
+                                           RunOutput (*train)(int, const std::string&, const std::vector<std::string>&),
+                                           const std::vector<std::string>& layout) {
+  std::vector<std::string> common = layout;
+  common.insert(common.end(), {"--train.steps", "200", "--log.interval", "50", "--train.eval_interval", "0"});
+  const std::string bf16_dir = scratch_dir(name + "-none");
+  RunOutput bf16 = train(ranks, bf16_dir, recipe_args("none", common));
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const double reference = final_loss(bf16_dir);
+  for (const std::string& recipe : kRecipes) {
+    const std::string dir = scratch_dir(name + "-" + recipe);
+    RunOutput run = train(ranks, dir, recipe_args(recipe, common));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const double loss = final_loss(dir);
+    EXPECT_LT(std::fabs(loss - reference) / reference, 0.01) << recipe << ": " << loss << " vs bf16 " << reference;
+  }
+}
+
+}  // namespace
+
+TEST(Fp8Training, TinyDenseEveryRecipeEndsWithinOnePercentOfBf16) {
+  expect_each_recipe_within_one_percent(1, "fp8-dense", train_tiny, {});
+}
+
+// MLA, shared and routed experts (ep 2, their FP8 products one expert at a time), the multi-token
+// prediction module, on two pipeline stages.
+TEST(Fp8Training, TinyV3WithExpertAndPipelineParallelEveryRecipeEndsWithinOnePercentOfBf16) {
+  expect_each_recipe_within_one_percent(4, "fp8-v3", train_tiny_v3, {"--parallel.pp", "2", "--parallel.ep", "2"});
+}
+
+// Stopped at step 10 and resumed, a blockwise run ends bitwise where the one that never stopped
+// does: the kept weight quantizations are made again from the restored weights.
+TEST(Fp8Training, ResumesBitwise) {
+  const std::string whole = scratch_dir("fp8-whole"), resumed = scratch_dir("fp8-resumed");
+  RunOutput run = train_tiny_v3(1, whole, recipe_args("blockwise", {"--ckpt.interval", "10"}));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  RunOutput again = train_tiny_v3(
+      1, resumed, recipe_args("blockwise", {"--ckpt.resume", whole + "/checkpoints/step_00000010.h5"}));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(read_json(resumed + "/summary.json")["param_digest"], read_json(whole + "/summary.json")["param_digest"]);
+  const std::vector<nlohmann::json> a = train_records(whole), b = train_records(resumed);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i]["loss"], a[i + 10]["loss"]) << "step " << i + 11;
+}
+
+// Checkpoints hold fp32 master weights by name whatever the recipe: an FP8 run resumes in bf16 and
+// a bf16 run in FP8, and each continues where the other left off (the first step after it within
+// 2% of the loss the run that kept its recipe has there).
+TEST(Fp8Training, ACheckpointMovesBetweenFp8AndBf16) {
+  const std::string fp8 = scratch_dir("fp8-on"), bf16 = scratch_dir("fp8-off");
+  for (const auto& [dir, recipe] : {std::pair{fp8, "blockwise"}, std::pair{bf16, "none"}}) {
+    RunOutput run = train_tiny(1, dir, recipe_args(recipe, {"--ckpt.interval", "10"}));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  for (const auto& [from, to, recipe] : {std::tuple{fp8, bf16, "none"}, std::tuple{bf16, fp8, "blockwise"}}) {
+    const std::string dir = scratch_dir(std::string("fp8-switched-to-") + recipe);
+    RunOutput run = train_tiny(1, dir, recipe_args(recipe, {"--ckpt.resume", from + "/checkpoints/step_00000010.h5"}));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const double switched = train_records(dir).front()["loss"].get<double>();
+    const double kept = train_records(from)[10]["loss"].get<double>();
+    EXPECT_LT(std::fabs(switched - kept) / kept, 0.02) << "resumed with train.fp8 = " << recipe;
+  }
+}
+
+TEST(Fp8Training, NeedsBf16) {
+  RunOutput run = train_tiny(0, scratch_dir("fp8-fp32"), {"--train.fp8", "blockwise", "--train.steps", "1"});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("train.fp8 = blockwise"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("train.precision is fp32"), std::string::npos) << run.output;
+}
