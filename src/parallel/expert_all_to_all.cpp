@@ -4,6 +4,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
+#include "dstrain/model/fp8_quantization.h"
 
 namespace dstrain {
 namespace {
@@ -12,8 +13,20 @@ namespace {
 struct RowRoute {
   std::vector<int64_t> send_rows, recv_rows;
   const LaneGroups* groups;
-  std::atomic<int64_t>* nanoseconds;  // nullptr: not counted
+  ExchangeCounters* counters;  // nullptr: not counted
 };
+
+// Each exchange of a training pass adds its wait and the bytes this rank sends to other ranks.
+void count(const RowRoute& route, const Interval& wait, const torch::Tensor& rows) {
+  if (!route.counters) return;
+  route.counters->nanoseconds += static_cast<int64_t>(wait.length() * 1e9);
+  const int64_t me = route.groups->current()->rank();
+  const int64_t row_bytes = rows.dim() == 0 || rows.size(0) == 0 ? 0 : rows.nbytes() / rows.size(0);
+  int64_t sent = 0;
+  for (size_t r = 0; r < route.send_rows.size(); ++r)
+    if (static_cast<int64_t>(r) != me) sent += route.send_rows[r];
+  route.counters->bytes_sent += sent * row_bytes;
+}
 
 torch::Tensor all_to_all_rows(const torch::Tensor& rows, const RowRoute& route) {
   const double start = steady_seconds();
@@ -26,29 +39,39 @@ torch::Tensor all_to_all_rows(const torch::Tensor& rows, const RowRoute& route) 
   route.groups->current()->all_to_all(output, input, route.send_rows, route.recv_rows);
   const Interval wait{start, steady_seconds()};
   note_wait(wait);
-  if (route.nanoseconds) *route.nanoseconds += static_cast<int64_t>(wait.length() * 1e9);
+  count(route, wait, input);
   return output;
 }
 
+// DeepSeek-V3's FP8 dispatch: the rows travel as E4M3 in 1×128 tiles with their fp32 scales (about
+// half of bf16's bytes) and arrive dequantized, in the rows' dtype. The experts' FP8 products
+// quantize them again in the same tiles, which finds (up to the last bit of a scale) the same codes.
+torch::Tensor all_to_all_fp8_rows(const torch::Tensor& rows, const RowRoute& route) {
+  const Fp8Tensor q = fp8_quantize(rows, {1, kFp8TileEdge});
+  const Fp8Tensor arrived{all_to_all_rows(q.codes, route), all_to_all_rows(q.scales, route), q.tile};
+  return fp8_dequantize(arrived).to(rows.scalar_type());
+}
+
 // The gradients travel back the reverse way in the backward pass, through the communicator of the
-// lane that runs it.
+// lane that runs it, in their own dtype (`fp8` quantizes the forward pass's rows only: the
+// gradient of a rounding is taken as the identity).
 class ExchangeRowsFunction : public torch::autograd::Function<ExchangeRowsFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& rows,
-                               const RowRoute& route) {
+                               const RowRoute& route, bool fp8) {
     ctx->saved_data["send_rows"] = route.send_rows;
     ctx->saved_data["recv_rows"] = route.recv_rows;
     ctx->saved_data["groups"] = reinterpret_cast<int64_t>(route.groups);
-    ctx->saved_data["nanoseconds"] = reinterpret_cast<int64_t>(route.nanoseconds);
-    return all_to_all_rows(rows, route);
+    ctx->saved_data["counters"] = reinterpret_cast<int64_t>(route.counters);
+    return fp8 ? all_to_all_fp8_rows(rows, route) : all_to_all_rows(rows, route);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     // The reverse route: what was received goes back to where it came from.
     const RowRoute back{ctx->saved_data["recv_rows"].toIntVector(), ctx->saved_data["send_rows"].toIntVector(),
                         reinterpret_cast<const LaneGroups*>(ctx->saved_data["groups"].toInt()),
-                        reinterpret_cast<std::atomic<int64_t>*>(ctx->saved_data["nanoseconds"].toInt())};
-    return {all_to_all_rows(grads[0], back), torch::Tensor()};
+                        reinterpret_cast<ExchangeCounters*>(ctx->saved_data["counters"].toInt())};
+    return {all_to_all_rows(grads[0], back), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -74,7 +97,7 @@ torch::Tensor expert_order(const ExchangePlan& plan, int64_t local_experts, cons
 
 }  // namespace
 
-ExpertAllToAll::ExpertAllToAll(LaneGroups groups) : groups_(groups) {}
+ExpertAllToAll::ExpertAllToAll(LaneGroups groups, bool fp8_dispatch) : groups_(groups), fp8_dispatch_(fp8_dispatch) {}
 
 ExpertShard ExpertAllToAll::shard() const {
   const Communicator& group = *groups_.main();
@@ -111,20 +134,22 @@ ExchangePlan ExpertAllToAll::plan(const torch::Tensor& rows_per_expert, bool mea
 }
 
 torch::Tensor ExpertAllToAll::dispatch(const torch::Tensor& rows, const ExchangePlan& plan) {
-  std::atomic<int64_t>* timer = plan.measured ? &nanoseconds_ : nullptr;
-  const torch::Tensor received =
-      ExchangeRowsFunction::apply(rows, RowRoute{plan.send_rows, plan.recv_rows, &groups_, timer});
+  ExchangeCounters* counters = plan.measured ? &counters_ : nullptr;
+  const torch::Tensor received = ExchangeRowsFunction::apply(
+      rows, RowRoute{plan.send_rows, plan.recv_rows, &groups_, counters}, fp8_dispatch_);
   return received.index_select(0, plan.expert_order.to(received.device()));
 }
 
 torch::Tensor ExpertAllToAll::combine(const torch::Tensor& computed, const ExchangePlan& plan) {
-  std::atomic<int64_t>* timer = plan.measured ? &nanoseconds_ : nullptr;
+  ExchangeCounters* counters = plan.measured ? &counters_ : nullptr;
   // Nothing received works too: the (empty) rows still lead back through the exchange, whose
   // backward pass the peers wait for.
   const torch::Tensor arrived = computed.index_select(0, plan.expert_order.to(computed.device()).argsort());
-  return ExchangeRowsFunction::apply(arrived, RowRoute{plan.recv_rows, plan.send_rows, &groups_, timer});
+  return ExchangeRowsFunction::apply(arrived, RowRoute{plan.recv_rows, plan.send_rows, &groups_, counters}, false);
 }
 
-double ExpertAllToAll::take_seconds() { return static_cast<double>(nanoseconds_.exchange(0)) * 1e-9; }
+double ExpertAllToAll::take_seconds() { return static_cast<double>(counters_.nanoseconds.exchange(0)) * 1e-9; }
+
+int64_t ExpertAllToAll::take_bytes_sent() { return counters_.bytes_sent.exchange(0); }
 
 }  // namespace dstrain

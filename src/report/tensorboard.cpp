@@ -27,6 +27,7 @@ std::string tensorboard_tag(const std::string& key) {
       {"ep_load_max_over_mean", "moe/ep_load_max_over_mean"},
       {"ep_ranks_per_token", "moe/ep_ranks_per_token"},
       {"expert_exchange_share", "perf/expert_exchange_share"},
+      {"expert_exchange_bytes", "perf/expert_exchange_bytes"},
       {"expert_exchange_hidden", "perf/expert_exchange_hidden"},
       {"dp_comm_s", "perf/dp_comm_s"},
       {"dp_comm_exposed_s", "perf/dp_comm_exposed_s"},

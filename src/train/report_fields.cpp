@@ -101,12 +101,17 @@ StepReport::FieldSource expert_exchange_field(ExpertAllToAll& exchange, Pipeline
     const double seconds = exchange.take_seconds();
     const int64_t step = record["step"].get<int64_t>();
     const double interval = record["step_time_s"].get<double>() * static_cast<double>(step - *last_step);
+    const double steps = static_cast<double>(std::max<int64_t>(1, step - *last_step));
     *last_step = step;
-    // [share of the interval, exchange seconds, of them hidden by the other lane of a pair]
-    torch::Tensor sums = torch::tensor(
-        {interval > 0 ? seconds / interval : 0.0, seconds, executor.take_hidden_exchange_seconds()}, torch::kFloat64);
+    // [share of the interval, exchange seconds, of them hidden by the other lane of a pair, bytes
+    // sent a step]
+    torch::Tensor sums = torch::tensor({interval > 0 ? seconds / interval : 0.0, seconds,
+                                        executor.take_hidden_exchange_seconds(),
+                                        static_cast<double>(exchange.take_bytes_sent()) / steps},
+                                       torch::kFloat64);
     parallel.world().all_reduce(sums, ReduceOp::kSum);
     record["expert_exchange_share"] = sums[0].item<double>() / parallel.world().size();
+    record["expert_exchange_bytes"] = sums[3].item<double>() / parallel.world().size();
     if (executor.pairs_side_by_side() && sums[1].item<double>() > 0)
       record["expert_exchange_hidden"] = sums[2].item<double>() / sums[1].item<double>();
   };

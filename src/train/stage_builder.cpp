@@ -100,7 +100,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   options.deferral = rank.weight_gradients.get();
   const LaneGroups expert_groups = parallel.expert_lanes();
   if (expert_groups.main()->size() > 1) {
-    rank.expert_exchange = std::make_unique<ExpertAllToAll>(expert_groups);
+    rank.expert_exchange = std::make_unique<ExpertAllToAll>(expert_groups, c.loop.fp8 == Fp8Recipe::kBlockwise);
     options.expert_exchange = rank.expert_exchange.get();
   }
   const ScheduleKind schedule = c.pipeline.schedule;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "dstrain/model/fp8_quantization.h"
 #include "dstrain/parallel/expert_all_to_all.h"
 #include "dstrain/parallel/mpi_communicator.h"
 
@@ -82,4 +83,54 @@ TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
   EXPECT_TRUE(torch::allclose(rows.grad(), local_rows.grad(), 1e-12, 1e-12)) << "rank " << rank;
   EXPECT_GE(exchange.take_seconds(), 0.0);
   EXPECT_EQ(exchange.take_seconds(), 0.0) << "taken twice";
+}
+
+// train.fp8 = blockwise: the dispatched rows travel as E4M3 with a scale per 1×128 tile and arrive
+// as the sender's rows quantized so; everything else is as without it: the results are the local
+// computation's on the quantized rows, the gradients the local computation's (the rounding's
+// gradient taken as the identity), and the bytes sent those of one byte per element plus the
+// scales on the way out, whole elements for the rest.
+TEST(ExpertAllToAll, Fp8DispatchSendsQuantizedRowsAndWholeGradients) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  MpiCommunicator group(dup);
+  const int rank = group.rank();
+  const int64_t experts = kExpertsPerRank * group.size();
+  const torch::Tensor weights = expert_weights(experts);
+  const std::vector<int64_t> counts = rows_per_expert(rank, experts);
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  torch::manual_seed(200 + rank);
+  const torch::Tensor source = torch::randn({total, kWidth}, torch::kFloat64);
+  const torch::Tensor upstream = torch::randn({total, kWidth}, torch::kFloat64);
+  const torch::Tensor count_tensor = torch::tensor(counts, torch::kInt64);
+  const torch::Tensor quantized = fp8_dequantize(fp8_quantize(source, {1, kFp8TileEdge})).to(torch::kFloat64);
+  EXPECT_TRUE(total == 0 || !torch::equal(quantized, source)) << "rank " << rank << ": nothing was rounded";
+
+  LocalExpertExchange local;
+  torch::Tensor local_rows = source.clone().requires_grad_(true);
+  const ExchangePlan local_plan = local.plan(count_tensor, false);
+  const torch::Tensor expected =
+      through_experts(quantized, local_plan.rows_per_expert, weights, 0);  // local: rows sorted already
+  through_experts(local_rows, local_plan.rows_per_expert, weights, 0).backward(upstream);
+
+  ExpertAllToAll exchange(LaneGroups(&group, nullptr), /*fp8_dispatch=*/true);
+  torch::Tensor rows = source.clone().requires_grad_(true);
+  const ExchangePlan plan = exchange.plan(count_tensor, /*measured=*/true);
+  const torch::Tensor got = exchange.combine(
+      through_experts(exchange.dispatch(rows, plan), plan.rows_per_expert, weights, exchange.shard().first(experts)),
+      plan);
+  got.backward(upstream);
+  EXPECT_TRUE(torch::allclose(got, expected, 1e-12, 1e-12)) << "rank " << rank;
+  EXPECT_TRUE(torch::allclose(rows.grad(), local_rows.grad(), 1e-12, 1e-12)) << "rank " << rank;
+
+  int64_t sent = 0, received = 0;  // rows to and from other ranks
+  for (int r = 0; r < group.size(); ++r)
+    if (r != rank) {
+      sent += plan.send_rows[static_cast<size_t>(r)];
+      received += plan.recv_rows[static_cast<size_t>(r)];
+    }
+  const int64_t fp8_row = kWidth + 4, whole_row = kWidth * 8;  // E4M3 elements and one fp32 scale; float64
+  EXPECT_EQ(exchange.take_bytes_sent(), sent * fp8_row + received * whole_row + (sent + received) * whole_row)
+      << "rank " << rank;
 }

@@ -11,7 +11,11 @@
 //
 // Each exchange goes through the communicator of the lane that runs it (compute_lane.h): a forward
 // pass on DualPipeV's side lane may have its backward pass on the main one. Each wait is noted for
-// the lane's WaitLog, and the training passes' waits are summed (seconds()).
+// the lane's WaitLog, and the training passes' waits and the bytes they send are summed.
+//
+// With `fp8_dispatch` (train.fp8 = blockwise) the dispatch sends its rows as E4M3 in 1×128 tiles
+// with their fp32 scales, as DeepSeek-V3's does; the combine, and the gradients both ways, stay in
+// the rows' dtype.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -25,11 +29,17 @@
 
 namespace dstrain {
 
+// What the training passes' exchanges add up to; both lanes add to it.
+struct ExchangeCounters {
+  std::atomic<int64_t> nanoseconds{0};
+  std::atomic<int64_t> bytes_sent{0};  // to other ranks of the group
+};
+
 class ExpertAllToAll : public ExpertExchange {
  public:
   // `groups`: the expert-parallel group, ordered by the part of the experts each member holds, a
   // communicator for each lane; they outlive the exchange and every backward pass through it.
-  explicit ExpertAllToAll(LaneGroups groups);
+  explicit ExpertAllToAll(LaneGroups groups, bool fp8_dispatch = false);
 
   ExpertShard shard() const override;
   // Collective over the group: exchanges the row counts.
@@ -40,10 +50,13 @@ class ExpertAllToAll : public ExpertExchange {
   // The wall seconds training passes spent exchanging rows, forward and backward, on either lane,
   // since the last call.
   double take_seconds();
+  // The bytes they sent to other ranks since the last call.
+  int64_t take_bytes_sent();
 
  private:
   LaneGroups groups_;
-  std::atomic<int64_t> nanoseconds_{0};  // both lanes add to it
+  bool fp8_dispatch_;
+  ExchangeCounters counters_;
 };
 
 }  // namespace dstrain
