@@ -40,6 +40,29 @@ std::vector<int64_t> rows_per_expert(int rank, int64_t experts) {
   return counts;
 }
 
+// What every rank of `group` feeds an exchange: its rows (random, seeded by `seed` and the rank)
+// with their upstream gradient, sorted by expert, and the experts' matrices.
+struct RankRows {
+  int64_t experts = 0;
+  torch::Tensor weights;
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  torch::Tensor source, upstream, count_tensor;
+};
+
+RankRows rank_rows(const Communicator& group, int seed) {
+  RankRows r;
+  r.experts = kExpertsPerRank * group.size();
+  r.weights = expert_weights(r.experts);
+  r.counts = rows_per_expert(group.rank(), r.experts);
+  for (int64_t n : r.counts) r.total += n;
+  torch::manual_seed(seed + group.rank());
+  r.source = torch::randn({r.total, kWidth}, torch::kFloat64);
+  r.upstream = torch::randn({r.total, kWidth}, torch::kFloat64);
+  r.count_tensor = torch::tensor(r.counts, torch::kInt64);
+  return r;
+}
+
 }  // namespace
 
 TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
@@ -47,15 +70,10 @@ TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
   ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
   MpiCommunicator group(dup);
   const int rank = group.rank();
-  const int64_t experts = kExpertsPerRank * group.size();
-  const torch::Tensor weights = expert_weights(experts);
-  const std::vector<int64_t> counts = rows_per_expert(rank, experts);
-  int64_t total = 0;
-  for (int64_t n : counts) total += n;
-  torch::manual_seed(100 + rank);
-  const torch::Tensor source = torch::randn({total, kWidth}, torch::kFloat64);
-  const torch::Tensor upstream = torch::randn({total, kWidth}, torch::kFloat64);
-  const torch::Tensor count_tensor = torch::tensor(counts, torch::kInt64);
+  const RankRows in = rank_rows(group, 100);
+  const int64_t experts = in.experts;
+  const torch::Tensor &weights = in.weights, &source = in.source, &upstream = in.upstream;
+  const torch::Tensor& count_tensor = in.count_tensor;
 
   torch::Tensor local_rows = source.clone().requires_grad_(true);
   LocalExpertExchange local;
@@ -95,15 +113,10 @@ TEST(ExpertAllToAll, Fp8DispatchSendsQuantizedRowsAndWholeGradients) {
   ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
   MpiCommunicator group(dup);
   const int rank = group.rank();
-  const int64_t experts = kExpertsPerRank * group.size();
-  const torch::Tensor weights = expert_weights(experts);
-  const std::vector<int64_t> counts = rows_per_expert(rank, experts);
-  int64_t total = 0;
-  for (int64_t n : counts) total += n;
-  torch::manual_seed(200 + rank);
-  const torch::Tensor source = torch::randn({total, kWidth}, torch::kFloat64);
-  const torch::Tensor upstream = torch::randn({total, kWidth}, torch::kFloat64);
-  const torch::Tensor count_tensor = torch::tensor(counts, torch::kInt64);
+  const RankRows in = rank_rows(group, 200);
+  const int64_t experts = in.experts, total = in.total;
+  const torch::Tensor &weights = in.weights, &source = in.source, &upstream = in.upstream;
+  const torch::Tensor& count_tensor = in.count_tensor;
   const torch::Tensor quantized = fp8_dequantize(fp8_quantize(source, {1, kFp8TileEdge})).to(torch::kFloat64);
   EXPECT_TRUE(total == 0 || !torch::equal(quantized, source)) << "rank " << rank << ": nothing was rounded";
 
