@@ -4,7 +4,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 
 namespace dstrain {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 #include "dstrain/parallel/expert_all_to_all.h"
 #include "dstrain/parallel/mpi_communicator.h"
 

@@ -11,7 +11,7 @@
 
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/model/fp8_projection.h"
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 #include "dstrain/model/fp8_recipe.h"
 #include "e4m3_reference.h"
 

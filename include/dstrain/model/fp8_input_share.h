@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 
 namespace dstrain {
 

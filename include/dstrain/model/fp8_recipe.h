@@ -18,7 +18,7 @@
 #pragma once
 
 #include "dstrain/core/config.h"
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 
 namespace dstrain {
 

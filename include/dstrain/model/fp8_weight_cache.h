@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 
 namespace dstrain {
 

@@ -1,6 +1,6 @@
 // Tiled FP8 quantization (fp8_quantization.h) with tensor operations over a zero-padded view of
 // whole tiles, on the tensors' own device; the elements by compat::to_e4m3.
-#include "dstrain/model/fp8_quantization.h"
+#include "dstrain/core/fp8_quantization.h"
 
 #include <limits>
 #include <stdexcept>

@@ -1,15 +1,14 @@
-// Fine-grained FP8 quantization for training (train.fp8, fp8_recipe.h): a 2-D tensor as E4M3
-// elements (core/fp8_e4m3.h) with one float32 scale per tile of `tile.rows × tile.cols` elements,
-// the tiles at the bottom and right edges partial. Each tile's scale is its largest magnitude /
-// 448, so that its largest element maps onto E4M3's largest value; an all-zero tile gets 1. An
-// element is `code value × its tile's scale`.
+// Fine-grained FP8 quantization, shared by FP8 linear maps (model/fp8_recipe.h) and the FP8 token
+// dispatch of expert parallelism: a 2-D tensor as E4M3 elements (fp8_e4m3.h) with one float32
+// scale per tile of `tile.rows × tile.cols` elements, the tiles at the bottom and right edges
+// partial. Each tile's scale is its largest magnitude / 448, so that its largest element maps onto
+// E4M3's largest value; an all-zero tile gets 1. An element is `code value × its tile's scale`.
 //
 // DeepSeek-V3 quantizes activations and gradients in 1×128 tiles and weights in 128×128 blocks;
 // tensorwise scaling is one tile over the whole tensor, rowwise one tile per row (or column).
 // The quotient element / scale is rounded to float32 first (as GPU kernels compute it), then to
 // the nearest E4M3 value, ties to even, magnitudes from 448 up saturating to 448. A NaN or
-// infinity in a tile makes every element of the tile NaN once dequantized: the step's loss is
-// then not finite and the run stops as it does for any non-finite loss.
+// infinity in a tile makes every element of the tile NaN once dequantized, so that it is not lost.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
