@@ -1,10 +1,10 @@
-// E4M3 codes to values by a table of all 256, and values to codes by a search of its sorted
-// positive half (fp8_e4m3.h).
+// E4M3 codes to values by a table of all 256, and values to codes by rounding float32's bits
+// (fp8_e4m3.h).
 #include "dstrain/core/fp8_e4m3.h"
 
-#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "dstrain/core/error.h"
@@ -44,16 +44,17 @@ uint8_t e4m3_code(float value) {
   const uint8_t sign = std::signbit(value) ? kSign : 0;
   const float magnitude = std::fabs(value);
   if (magnitude >= kE4M3Max) return sign | kMaxCode;
-  // Codes 0 to 0x7E are the non-negative finite values in increasing order: `above` is the
-  // first code greater than `magnitude`, `above - 1` the last not greater.
-  const float* first = table().data();
-  const uint8_t above = static_cast<uint8_t>(std::upper_bound(first, first + kMaxCode + 1, magnitude) - first);
-  const uint8_t below = above - 1;
-  // Neighbouring values have at most 4 significant bits each: their sum, like 2 × magnitude, is
-  // exact in float32, so the comparison with the midpoint is too.
-  const float twice = 2.0f * magnitude, midpoint_twice = table()[below] + table()[above];
-  uint8_t code = twice < midpoint_twice ? below : twice > midpoint_twice ? above : (below % 2 == 0 ? below : above);
-  return sign | code;
+  // Subnormals (below 2^-6) are the multiples of 2^-9: magnitude × 512 is exact, and nearbyint
+  // rounds it to nearest even in the default rounding mode (8 is 2^-6, the first normal's code).
+  if (magnitude < 0.015625f) return sign | static_cast<uint8_t>(std::nearbyint(magnitude * 512.0f));
+  // Normals: float32's 23 mantissa bits rounded to E4M3's 3, ties to even, on the bits themselves
+  // (a carry out of the mantissa moves the exponent up, as it should); then float32's exponent
+  // bias (127) exchanged for E4M3's (7). Below 448 the result stays at most 448's code.
+  uint32_t bits = 0;
+  std::memcpy(&bits, &magnitude, sizeof bits);
+  constexpr int kDropped = 23 - 3;
+  bits += ((1u << (kDropped - 1)) - 1) + ((bits >> kDropped) & 1u);
+  return sign | static_cast<uint8_t>((bits >> kDropped) - ((127u - 7u) << 3));
 }
 
 torch::Tensor e4m3_decode(const torch::Tensor& codes) {
