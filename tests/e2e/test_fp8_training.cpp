@@ -99,3 +99,21 @@ TEST(Fp8Training, NeedsBf16) {
   EXPECT_NE(run.output.find("train.fp8 = blockwise"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("train.precision is fp32"), std::string::npos) << run.output;
 }
+
+// `dstrain model info` says which recipe it was given and that it counts its activations as bf16's.
+TEST(Fp8Training, ModelInfoNamesTheRecipeAndCountsItAsBf16) {
+  const std::string config = std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini";
+  auto info = [&](const std::string& recipe) {
+    RunOutput run = run_dstrain(0, {"model", "info", "--config", config, "--json", "--train.precision", "bf16",
+                                    "--train.fp8", recipe});
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return nlohmann::json::parse(run.output);
+  };
+  const nlohmann::json fp8 = info("blockwise"), bf16 = info("none");
+  EXPECT_EQ(fp8["fp8"], "blockwise");
+  EXPECT_EQ(bf16["fp8"], "none");
+  EXPECT_EQ(fp8["memory_per_rank"]["activations"], bf16["memory_per_rank"]["activations"]);
+  RunOutput text = run_dstrain(0, {"model", "info", "--config", config, "--train.precision", "bf16", "--train.fp8",
+                                   "rowwise"});
+  EXPECT_NE(text.output.find("train.fp8 = rowwise counted as bf16"), std::string::npos) << text.output;
+}
