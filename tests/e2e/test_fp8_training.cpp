@@ -117,3 +117,32 @@ TEST(Fp8Training, ModelInfoNamesTheRecipeAndCountsItAsBf16) {
                                    "rowwise"});
   EXPECT_NE(text.output.find("train.fp8 = rowwise counted as bf16"), std::string::npos) << text.output;
 }
+
+// FP8 beside the machinery that reruns, defers or rewrites what its caches hold: full and
+// selective recomputation (the layers' inputs quantized again in the rerun) end bitwise where
+// keeping every activation does; a zero-bubble schedule (weight gradients deferred to the W
+// action) and ZeRO-1 (updated weights gathered into the parameters, which the weight cache must
+// notice) follow the one-rank run step by step.
+TEST(Fp8Training, RecomputationZeroBubbleAndZeroOneMatchOneRank) {
+  const std::vector<std::string> common = {"--train.steps", "6", "--train.eval_interval", "0"};
+  auto train = [&](const std::string& name, int ranks, std::vector<std::string> extra) {
+    const std::string dir = scratch_dir("fp8-" + name);
+    extra.insert(extra.end(), common.begin(), common.end());
+    RunOutput run = train_tiny_v3(ranks, dir, recipe_args("blockwise", extra));
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return dir;
+  };
+  const std::string one = train("one", 1, {});
+  const std::string digest = read_json(one + "/summary.json")["param_digest"];
+  for (const std::string mode : {"full", "selective"})
+    EXPECT_EQ(read_json(train(mode, 1, {"--train.recompute", mode}) + "/summary.json")["param_digest"], digest) << mode;
+  const std::vector<nlohmann::json> reference = train_records(one);
+  for (const auto& [name, ranks, layout] :
+       {std::tuple{"zb-h1", 2, std::vector<std::string>{"--parallel.pp", "2", "--parallel.schedule", "zb-h1"}},
+        std::tuple{"zero1", 2, std::vector<std::string>{"--optim.zero", "1"}}}) {
+    const std::vector<nlohmann::json> records = train_records(train(name, ranks, layout));
+    ASSERT_EQ(records.size(), reference.size()) << name;
+    for (size_t i = 0; i < records.size(); ++i)
+      EXPECT_NEAR(records[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-4) << name << ", step " << i + 1;
+  }
+}
