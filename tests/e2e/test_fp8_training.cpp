@@ -143,6 +143,7 @@ TEST(Fp8Training, RecomputationZeroBubbleAndZeroOneMatchOneRank) {
     const std::vector<nlohmann::json> records = train_records(train(name, ranks, layout));
     ASSERT_EQ(records.size(), reference.size()) << name;
     for (size_t i = 0; i < records.size(); ++i)
-      EXPECT_NEAR(records[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-4) << name << ", step " << i + 1;
+      EXPECT_NEAR(records[i]["loss"].get<double>(), reference[i]["loss"].get<double>(), 1e-4)
+          << name << ", step " << i + 1;
   }
 }
