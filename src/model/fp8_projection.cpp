@@ -99,12 +99,9 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& rows, const torch::Tensor& weights,
                                const Fp8Call& call) {
     const Fp8Tiling tiling = fp8_tiling(call.products.recipe);
-    torch::Tensor out = torch::zeros({rows.size(0), weights.size(1)}, rows.options());
-    std::vector<torch::Tensor> codes, scales;  // each expert's kept input; empty for one without rows
-    for (size_t e = 0; e < call.rows_per_expert.size(); ++e) {
-      codes.emplace_back();
-      scales.emplace_back();
-    }
+    torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());  // every row an expert's
+    // Each expert's kept input; undefined for one without rows.
+    std::vector<torch::Tensor> codes(call.rows_per_expert.size()), scales(call.rows_per_expert.size());
     for_each_expert_with_rows(call.rows_per_expert, [&](int64_t e, int64_t start, int64_t n) {
       const Fp8Tensor kept = kept_input(call.products, rows, e, rows.narrow(0, start, n), tiling.input);
       const Fp8Tensor w = call.products.weights->quantized(weights, e, tiling.weight);
@@ -130,7 +127,7 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
     const std::vector<torch::Tensor> scales = ctx->saved_data["x_scales"].toTensorVector();
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      dx = torch::zeros({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
+      dx = torch::empty({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
       Fp8WeightCache& cache = saved_cache(ctx);
       for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
         const Fp8Tensor w = cache.quantized(weights, e, tiling.weight_for_input_grad);

@@ -119,19 +119,8 @@ const RankGrid& ParallelGrid::grid_of(Group group) const {
 
 namespace {
 
-// The grid dimensions of a group, innermost first.
-const char* dimensions_of(Group group) {
-  switch (group) {
-    case Group::kTp: return "tp";
-    case Group::kCp: return "cp";
-    case Group::kDp: return "dp";
-    case Group::kPp: return "pp";
-    case Group::kDpCp: return "dp-cp";
-    case Group::kEp: return "ep";
-    case Group::kEdp: return "edp";
-  }
-  return "?";
-}
+// The grid dimensions of a group, innermost first: its name (group_names).
+const std::string& dimensions_of(Group group) { return name_of(group_names(), group); }
 
 }  // namespace
 

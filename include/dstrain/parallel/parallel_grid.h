@@ -39,7 +39,8 @@ enum class Group {
   kEp,    // expert parallelism: the ranks holding the parts of one copy of the experts (expert grid)
   kEdp,   // the ranks holding a copy of the same experts: their gradients are averaged over it
 };
-// Their names in logs and errors: tp, cp, dp, pp, dp-cp, ep, edp.
+// Their names in logs and errors: tp, cp, dp, pp, dp-cp, ep, edp; each is also the group's grid
+// dimensions, innermost first.
 const EnumNames<Group>& group_names();
 // Every kind, in that order.
 const std::vector<Group>& every_group();
