@@ -49,6 +49,14 @@ torch::Tensor DecoderLayerImpl::forward_cached(const torch::Tensor& x, const Rop
                  Pass::kFirst);
 }
 
+torch::Tensor DecoderLayerImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                                               const DecodeStep& step) {
+  const torch::Tensor normed = input_layernorm_(x);
+  return add_mlp(x + (latent_attention_ ? latent_attention_->forward_decode(normed, rope, cache, step)
+                                        : attention_->forward_decode(normed, rope, cache, step)),
+                 Pass::kFirst);
+}
+
 AttentionCache DecoderLayerImpl::empty_cache(int64_t batch, int64_t capacity) const {
   return latent_attention_ ? latent_attention_->empty_cache(batch, capacity) : attention_->empty_cache(batch, capacity);
 }

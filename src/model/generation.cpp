@@ -28,6 +28,19 @@ torch::Tensor CachedDecoder::forward(const torch::Tensor& ids, KvCache& cache) c
   return model_.ptr()->forward_cached(ids, cache);  // (LibTorch modules' forward is not const)
 }
 
+torch::Tensor CachedDecoder::decode(const torch::Tensor& ids, KvCache& cache, const std::vector<int64_t>& positions) const {
+  torch::NoGradGuard no_grad;
+  return model_.ptr()->forward_decode(ids, cache, positions);
+}
+
+KvCache cache_row(const KvCache& cache, int64_t row) {
+  auto row_of = [row](const torch::Tensor& t) { return t.defined() ? t.narrow(0, row, 1) : t; };
+  KvCache view;
+  for (const AttentionCache& layer : cache.layers)
+    view.layers.push_back({row_of(layer.keys), row_of(layer.values), row_of(layer.latent), row_of(layer.rope_key)});
+  return view;
+}
+
 int64_t sample_token(const torch::Tensor& logits, const SamplingOptions& options, at::Generator& generator) {
   torch::Tensor scores = logits.detach().to(torch::kCPU, torch::kFloat32).reshape({-1});
   if (options.temperature <= 0) return scores.argmax().item<int64_t>();
@@ -59,14 +72,17 @@ std::vector<int64_t> generate(const CachedDecoder& decoder, const std::vector<in
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   const torch::Device device = decoder.forward_device();
   KvCache cache = decoder.empty_cache();
-  torch::Tensor ids = torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device);
+  // The prompt at once, then a token a step, decoded as a batch of one (as `dstrain serve`
+  // decodes each of its rows), so that both give the same tokens.
+  torch::Tensor logits = decoder.forward(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), cache)[0][-1];
+  int64_t position = static_cast<int64_t>(prompt.size());  // the positions the cache holds
   std::vector<int64_t> out;
-  while (static_cast<int64_t>(out.size()) < options.max_new_tokens && cache.length + ids.size(1) <= c.max_seq_len) {
-    torch::Tensor logits = decoder.forward(ids, cache);
-    const int64_t token = sample_token(logits[0][-1], options, generator);
+  while (static_cast<int64_t>(out.size()) < options.max_new_tokens) {
+    const int64_t token = sample_token(logits, options, generator);
     out.push_back(token);
-    if (token == options.stop_token || cache.length >= c.max_seq_len) break;
-    ids = torch::full({1, 1}, token, torch::dtype(torch::kLong).device(device));
+    if (token == options.stop_token || position >= c.max_seq_len) break;
+    logits = decoder.decode(torch::full({1, 1}, token, torch::dtype(torch::kLong).device(device)), cache, {position})[0][0];
+    ++position;
   }
   return out;
 }

@@ -62,13 +62,28 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
     k = cache->keys.narrow(2, 0, start + seq);
     v = cache->values.narrow(2, 0, start + seq);
   }
-  if (num_kv_heads_ != num_heads_) {
-    // Key/value head j serves query heads j × group ... (j + 1) × group - 1, as in HF repeat_kv.
-    const int64_t group = num_heads_ / num_kv_heads_;
-    k = k.repeat_interleave(group, /*dim=*/1);
-    v = v.repeat_interleave(group, /*dim=*/1);
-  }
-  return causal_attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)), selective_);  // [B, H, S, d]
+  return causal_attention(q, for_query_heads(k), for_query_heads(v), 1.0 / std::sqrt(static_cast<double>(head_dim_)),
+                          selective_);  // [B, H, S, d]
+}
+
+torch::Tensor AttentionImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                                            const DecodeStep& step) {
+  using torch::indexing::Slice;
+  const int64_t batch = x.size(0);
+  auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({batch, 1, n, head_dim_}).transpose(1, 2); };
+  const torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);  // [B, H, 1, d]
+  cache.keys.index_put_({step.rows, Slice(), step.positions}, apply_rope(heads(k_proj_(x), num_kv_heads_), rope).select(2, 0));
+  cache.values.index_put_({step.rows, Slice(), step.positions}, heads(v_proj_(x), num_kv_heads_).select(2, 0));
+  const torch::Tensor k = cache.keys.narrow(0, 0, batch).narrow(2, 0, step.keys);
+  const torch::Tensor v = cache.values.narrow(0, 0, batch).narrow(2, 0, step.keys);
+  const torch::Tensor out = compat::masked_attention(q, for_query_heads(k), for_query_heads(v), step.visible,
+                                                     1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  return o_proj_(out.transpose(1, 2).reshape({batch, 1, num_heads_ * head_dim_}));
+}
+
+torch::Tensor AttentionImpl::for_query_heads(const torch::Tensor& kv) const {
+  // Key/value head j serves query heads j × group ... (j + 1) × group - 1, as in HF repeat_kv.
+  return num_kv_heads_ == num_heads_ ? kv : kv.repeat_interleave(num_heads_ / num_kv_heads_, /*dim=*/1);
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options)

@@ -83,13 +83,30 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, cons
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,
                                                            AttentionCache& cache, int64_t start) {
-  const int64_t batch = x.size(0), seq = x.size(1), keys = start + seq, c = kv_lora_rank_;
+  const int64_t seq = x.size(1), keys = start + seq;
   const Projected p = up_project(down_project(x), rope);
-  const torch::Tensor& query = p.query;
   // The new positions join the cache; the queries see all of it.
   cache.latent.narrow(1, start, seq).copy_(p.latent);
   cache.rope_key.narrow(1, start, seq).copy_(p.k_rope);
-  const torch::Tensor latent = cache.latent.narrow(1, 0, keys), k_rope = cache.rope_key.narrow(1, 0, keys);
+  // Query i is position start + i: the keys after it are hidden.
+  const torch::Tensor visible =
+      torch::ones({seq, keys}, torch::dtype(torch::kBool).device(x.device())).tril(start).view({1, 1, seq, keys});
+  return attend_latents(p.query, cache.latent.narrow(1, 0, keys), cache.rope_key.narrow(1, 0, keys), visible);
+}
+
+torch::Tensor MultiHeadLatentAttentionImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope,
+                                                           AttentionCache& cache, const DecodeStep& step) {
+  const int64_t batch = x.size(0);
+  const Projected p = up_project(down_project(x), rope);
+  cache.latent.index_put_({step.rows, step.positions}, p.latent.select(1, 0));
+  cache.rope_key.index_put_({step.rows, step.positions}, p.k_rope.select(1, 0));
+  return attend_latents(p.query, cache.latent.narrow(0, 0, batch).narrow(1, 0, step.keys),
+                        cache.rope_key.narrow(0, 0, batch).narrow(1, 0, step.keys), step.visible);
+}
+
+torch::Tensor MultiHeadLatentAttentionImpl::attend_latents(const torch::Tensor& query, const torch::Tensor& latent,
+                                                           const torch::Tensor& k_rope, const torch::Tensor& visible) {
+  const int64_t batch = query.size(0), seq = query.size(2), keys = latent.size(1), c = kv_lora_rank_;
   // kv_b_proj's weight per head: [W_UK (nope rows) | W_UV (v rows)] × kv_lora_rank columns.
   const torch::Tensor w = kv_b_proj_->weight.view({heads_, nope_ + v_dim_, c});
   // Every head's query in latent space, [B, H, S, c]: W_UKᵀ q_nope.
@@ -100,10 +117,7 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& 
                          torch::matmul(query.narrow(-1, nope_, rope_dim_).reshape({batch, rows, rope_dim_}),
                                        k_rope.transpose(1, 2));  // [B, H × S, keys]
   scores = scores.view({batch, heads_, seq, keys}).to(torch::kFloat32) * scale_;
-  // Query i is position start + i: the keys after it are hidden.
-  const torch::Tensor future =
-      torch::ones({seq, keys}, torch::dtype(torch::kBool).device(x.device())).triu(start + 1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity());
   torch::Tensor probs = torch::softmax(scores, -1).to(latent.scalar_type());
   torch::Tensor attended = torch::matmul(probs.view({batch, rows, keys}), latent).view({batch, heads_, seq, c});
   // W_UV per head, [B, H, S, v].

@@ -58,7 +58,7 @@ class FusedRope : public torch::autograd::Function<FusedRope> {
 // and at most 65535 heads and batch rows (its grid), and the fp32 tables on the same GPU.
 bool fused_kernel_applies(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t d = x.size(3);
-  return cuda::element_of(x) && x.stride(3) == 1 && d % 2 == 0 && d <= 256 && x.numel() > 0 &&
+  return cos.dim() == 2 && cuda::element_of(x) && x.stride(3) == 1 && d % 2 == 0 && d <= 256 && x.numel() > 0 &&
          x.size(0) <= 65535 && x.size(1) <= 65535 &&
          cos.device() == x.device() && sin.device() == x.device() && cos.scalar_type() == torch::kFloat32 &&
          sin.scalar_type() == torch::kFloat32 && cos.size(1) == d && cos.stride(1) == 1 &&
@@ -99,8 +99,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   if (tables.cuda_kernel && fused_kernel_applies(x, tables.cos, tables.sin))
     return FusedRope::apply(x, tables.cos.narrow(0, 0, seq), tables.sin.narrow(0, 0, seq), tables.interleave);
 #endif
-  torch::Tensor cos = tables.cos.narrow(0, 0, seq).to(x.dtype());
-  torch::Tensor sin = tables.sin.narrow(0, 0, seq).to(x.dtype());
+  const bool per_row = tables.cos.dim() == 4;  // rope_tables_at's: already x's positions
+  torch::Tensor cos = (per_row ? tables.cos : tables.cos.narrow(0, 0, seq)).to(x.dtype());
+  torch::Tensor sin = (per_row ? tables.sin : tables.sin.narrow(0, 0, seq)).to(x.dtype());
   // Each pair (a, b) → (b, a); the table's signs make it (-b, a).
   torch::Tensor swapped = tables.interleave ? x.unflatten(-1, {d / 2, 2}).flip(-1).flatten(-2)
                                             : torch::cat({x.narrow(-1, d / 2, d / 2), x.narrow(-1, 0, d / 2)}, -1);
@@ -110,6 +111,12 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
 RopeTables rope_tables_from(const RopeTables& tables, int64_t first, int64_t count) {
   return {tables.cos.narrow(0, first, count), tables.sin.narrow(0, first, count), tables.interleave,
           tables.cuda_kernel};
+}
+
+RopeTables rope_tables_at(const RopeTables& tables, const torch::Tensor& positions) {
+  const int64_t rows = positions.size(0), d = tables.cos.size(1);
+  return {tables.cos.index_select(0, positions).view({rows, 1, 1, d}),
+          tables.sin.index_select(0, positions).view({rows, 1, 1, d}), tables.interleave, tables.cuda_kernel};
 }
 
 }  // namespace dstrain

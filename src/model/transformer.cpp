@@ -84,6 +84,35 @@ torch::Tensor DecoderStackImpl::forward_cached(const torch::Tensor& input, KvCac
   return slice_.has_head ? norm_(h) : h;
 }
 
+namespace {
+
+int64_t cache_rows(const AttentionCache& cache) { return (cache.keys.defined() ? cache.keys : cache.latent).size(0); }
+
+}  // namespace
+
+torch::Tensor DecoderStackImpl::forward_decode(const torch::Tensor& ids, KvCache& cache,
+                                              const std::vector<int64_t>& positions) {
+  const int64_t batch = ids.size(0);
+  if (ids.dim() != 2 || ids.size(1) != 1 || static_cast<int64_t>(positions.size()) != batch)
+    throw std::invalid_argument("batched decoding: one token and one position a row");
+  if (cache.layers.size() != layers_.size() || (!layers_.empty() && cache_rows(cache.layers.front()) < batch))
+    throw std::invalid_argument("batched decoding: the cache is not this model's or has fewer rows than the batch");
+  for (int64_t position : positions)
+    if (position < 0 || position >= max_seq_len_)
+      throw std::out_of_range("batched decoding past model.max_seq_len (" + std::to_string(max_seq_len_) + ")");
+  const auto on_device = torch::dtype(torch::kLong).device(ids.device());
+  DecodeStep step;
+  step.rows = torch::arange(batch, on_device);
+  step.positions = torch::tensor(positions, torch::kLong).to(ids.device());
+  step.keys = *std::max_element(positions.begin(), positions.end()) + 1;
+  step.visible = (torch::arange(step.keys, on_device).unsqueeze(0) <= step.positions.unsqueeze(1)).view(
+      {batch, 1, 1, step.keys});
+  const RopeTables rope = rope_tables_at(rope_, step.positions.to(rope_.cos.device()));
+  torch::Tensor h = embed_tokens_(ids);
+  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_decode(h, rope, cache.layers[i], step);
+  return norm_(h);
+}
+
 CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const ComputeOptions& options)
     : config_(c),
       slice_(slice),
@@ -162,6 +191,13 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
 torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {
   torch::Tensor h = model_->forward_cached(input, cache);
   return slice_.has_head ? lm_head_(h) : h;
+}
+
+torch::Tensor CausalLMImpl::forward_decode(const torch::Tensor& ids, KvCache& cache,
+                                          const std::vector<int64_t>& positions) {
+  if (!slice_.has_embedding || !slice_.has_head || slice_.first != 0 || slice_.last < config_.num_layers)
+    throw std::invalid_argument("batched decoding needs the whole model");
+  return lm_head_(model_->forward_decode(ids, cache, positions));
 }
 
 namespace {

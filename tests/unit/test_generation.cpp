@@ -269,3 +269,60 @@ TEST(Generation, MultiTokenPredictionModulesTakeNoPart) {
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::allclose(cached, model->forward(ids), 1e-4, 1e-5));
 }
+
+// Continuous batching: rows at different positions decode side by side, each row's logits those
+// of its sequence decoded alone with the full forward pass; a row whose sequence ends makes room
+// for another, which starts from its own prompt while the others go on.
+void expect_batched_decoding_equals_each_sequence_alone(CausalLM model, const std::string& what) {
+  const ModelConfig& c = model->config();
+  CachedDecoder decoder(model);
+  torch::manual_seed(23);
+  const std::vector<int64_t> prompt_lengths = {3, 9, 1, 6};  // rows 0..2 start together; 3 takes row 1's place
+  std::vector<torch::Tensor> sequences;
+  for (int64_t length : prompt_lengths) sequences.push_back(torch::randint(0, c.vocab_size, {1, length + 8}, torch::kLong));
+  KvCache cache = decoder.empty_cache(3);
+  // Row r's prompt read through a view of row r: the rows share the batched cache.
+  auto prefill = [&](int64_t row, const torch::Tensor& prompt) {
+    KvCache view = cache_row(cache, row);
+    decoder.forward(prompt, view);
+  };
+  std::vector<int64_t> of_row = {0, 1, 2};  // which sequence each row decodes
+  for (int64_t row = 0; row < 3; ++row) prefill(row, sequences[row].narrow(1, 0, prompt_lengths[row]));
+  std::vector<int64_t> position = {prompt_lengths[0], prompt_lengths[1], prompt_lengths[2]};
+  for (int step = 0; step < 8; ++step) {
+    if (step == 3) {  // row 1's sequence stops; sequence 3 takes its row
+      of_row[1] = 3;
+      prefill(1, sequences[3].narrow(1, 0, prompt_lengths[3]));
+      position[1] = prompt_lengths[3];
+    }
+    std::vector<torch::Tensor> ids;
+    for (int64_t row = 0; row < 3; ++row) ids.push_back(sequences[of_row[row]].narrow(1, position[row], 1));
+    const torch::Tensor logits = decoder.decode(torch::cat(ids, 0), cache, position);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{3, 1, c.vocab_size}));
+    for (int64_t row = 0; row < 3; ++row) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor alone = model->forward(sequences[of_row[row]].narrow(1, 0, position[row] + 1))[0][-1];
+      EXPECT_TRUE(torch::allclose(logits[row][0], alone, 1e-4, kCachedLogitsTolerance))
+          << what << ", step " << step << ", row " << row << ": max difference "
+          << (logits[row][0] - alone).abs().max().item<double>();
+      ++position[row];
+    }
+  }
+}
+
+TEST(Generation, BatchedDecodingEqualsEachSequenceAlone) {
+  expect_batched_decoding_equals_each_sequence_alone(random_model(false, 2), "grouped-query attention");
+  expect_batched_decoding_equals_each_sequence_alone(random_model(true, 4), "multi-head attention");
+  expect_batched_decoding_equals_each_sequence_alone(latent_moe_model(24), "MLA and MoE");
+  expect_batched_decoding_equals_each_sequence_alone(latent_moe_model(0), "MLA without q_lora_rank");
+}
+
+TEST(Generation, BatchedDecodingRefusesPositionsPastTheContextAndMoreRowsThanTheCache) {
+  CausalLM model = random_model(false, 2);
+  CachedDecoder decoder(model);
+  KvCache cache = decoder.empty_cache(2);
+  const torch::Tensor two = torch::zeros({2, 1}, torch::kLong);
+  EXPECT_THROW(decoder.decode(two, cache, {0, model->config().max_seq_len}), std::out_of_range);
+  EXPECT_THROW(decoder.decode(torch::zeros({3, 1}, torch::kLong), cache, {0, 1, 2}), std::invalid_argument);
+  EXPECT_THROW(decoder.decode(two, cache, {0}), std::invalid_argument);
+}

@@ -88,6 +88,20 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
 #endif
 }
 
+// Attention on [batch, heads, queries, head_dim] tensors where `visible` ([batch, 1, queries,
+// keys], true: attended) says which keys each row's queries see: batched decoding, whose rows sit
+// at positions of their own. The same kernels and softmax precision as causal_attention.
+inline torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& visible, double scale) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0, /*is_causal=*/false, scale);
+#else
+  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)).mul(scale);
+  const torch::Tensor hidden = scores.masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(hidden.to(torch::kFloat32), -1).to(q.scalar_type()), v);
+#endif
+}
+
 // RMSNorm, normalising in fp32 whatever the activation dtype (the mean of squares is where bf16
 // loses): LibTorch 2.x has a fused kernel for it; 1.13 computes it op by op.
 inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {

@@ -24,6 +24,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   // start .. start + n - 1, `rope` their tables. MoE layers route as forward does in the module's
   // mode (in eval mode they count no load and attach no balance loss).
   torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  // The same in batched decoding (the attention modules' forward_decode): one token a row.
+  torch::Tensor forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                               const DecodeStep& step);
   AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
   MoE moe() const { return moe_; }  // null for a dense layer
 

@@ -31,10 +31,13 @@ class CachedDecoder {
   // `model` must hold the whole model (LayerSlice::whole); its parameters are used as they are,
   // and it is put in eval mode (MoE layers count no expert load and attach no balance loss).
   explicit CachedDecoder(CausalLM model);
-  KvCache empty_cache() const { return model_->empty_cache(1); }
-  // Logits [1, n, vocab] of `ids` [1, n] at positions cache.length ... + n - 1; appends what
-  // attention keeps of them to the cache.
+  KvCache empty_cache(int64_t rows = 1) const { return model_->empty_cache(rows); }
+  // Logits [B, n, vocab] of `ids` [B, n] at positions cache.length ... + n - 1; appends what
+  // attention keeps of them to the cache (the prompt, read at once).
   torch::Tensor forward(const torch::Tensor& ids, KvCache& cache) const;
+  // Logits [B, 1, vocab] of one new token a row, `ids` [B, 1], row b's at positions[b], its cache
+  // in the cache's row b (CausalLMImpl::forward_decode): sequences of any length side by side.
+  torch::Tensor decode(const torch::Tensor& ids, KvCache& cache, const std::vector<int64_t>& positions) const;
   const ModelConfig& config() const { return model_->config(); }
   torch::Device forward_device() const { return device_; }
 
@@ -42,6 +45,10 @@ class CachedDecoder {
   CausalLM model_;
   torch::Device device_;
 };
+
+// Row `row` of a batched cache as a cache of its own (views: what is written into it lands in the
+// batched cache), empty: a new sequence's prompt is read into it with CachedDecoder::forward.
+KvCache cache_row(const KvCache& cache, int64_t row);
 
 // The next token drawn from last-position logits [vocab] (any device and dtype).
 int64_t sample_token(const torch::Tensor& logits, const SamplingOptions& options, at::Generator& generator);

@@ -23,10 +23,22 @@ struct AttentionCache {
   torch::Tensor latent, rope_key;
 };
 
-// Every decoder layer's cache, in layer order, and how many positions they hold.
+// Every decoder layer's cache, in layer order, and how many positions they hold. `length` is
+// the positions of every row alike (forward_cached); batched decoding (forward_decode) keeps its
+// rows at positions of their own, which its caller holds.
 struct KvCache {
   std::vector<AttentionCache> layers;
   int64_t length = 0;
+};
+
+// One step of batched decoding (continuous batching): a new token for each of the first B rows
+// of a cache, row b's at position positions[b], so that sequences of any length decode side by
+// side. Made once a step (DecoderStackImpl::forward_decode) for every layer.
+struct DecodeStep {
+  torch::Tensor rows;       // [B] long: 0 .. B - 1, the rows written
+  torch::Tensor positions;  // [B] long: where each row's new token goes
+  torch::Tensor visible;    // [B, 1, 1, keys] bool: row b sees its keys 0 .. positions[b]
+  int64_t keys = 0;         // max(positions) + 1: the cache positions attention reads
 };
 
 }  // namespace dstrain

@@ -33,10 +33,17 @@ class AttentionImpl : public torch::nn::Module {
   // tables (rope_tables_from); their keys and values join `cache`, and they attend to every
   // position cached so far.
   torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  // Batched decoding: x [B, 1, hidden], row b at position step.positions[b] and `rope` its tables
+  // (rope_tables_at); each row's key and value join its row of `cache`, and it attends to its own
+  // cached positions.
+  torch::Tensor forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                               const DecodeStep& step);
   // Keys and values for `capacity` positions (zeros), in the weights' dtype and device.
   AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
 
  private:
+  // Key/value heads repeated for the query heads they serve (grouped-query attention).
+  torch::Tensor for_query_heads(const torch::Tensor& kv) const;
   // The one computation of both: without a cache the keys are x's own.
   torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].

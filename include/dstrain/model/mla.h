@@ -36,6 +36,11 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   // tables (rope_tables_from); their latents and RoPE keys join `cache`, and they attend to every
   // position cached so far.
   torch::Tensor forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache, int64_t start);
+  // Batched decoding: x [B, 1, hidden], row b at position step.positions[b] and `rope` its tables
+  // (rope_tables_at); each row's latent and RoPE key join its row of `cache`, and it attends to
+  // its own cached positions.
+  torch::Tensor forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
+                               const DecodeStep& step);
   // Latents and RoPE keys for `capacity` positions (zeros), in the weights' dtype and device.
   AttentionCache empty_cache(int64_t batch, int64_t capacity) const;
 
@@ -50,6 +55,10 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   Projected up_project(const Tensors& down, const RopeTables& rope);
   // Training: the latent expanded, [query, key, value] as attention takes them.
   Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
+  // Attention over cached latents and RoPE keys ([B, keys, ·]) with kv_b_proj absorbed, for
+  // queries [B, H, S, qk]; `visible` [B or 1, 1, S, keys] (true: attended). Returns o_proj's output.
+  torch::Tensor attend_latents(const torch::Tensor& query, const torch::Tensor& latent, const torch::Tensor& k_rope,
+                               const torch::Tensor& visible);
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
   double scale_;
   SelectiveRecompute selective_;

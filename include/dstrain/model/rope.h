@@ -33,7 +33,8 @@ struct YarnScaling {
 RopeTables make_rope_tables(int64_t max_seq_len, int64_t head_dim, double theta, bool interleave,
                             const YarnScaling& yarn = {});
 
-// x: [batch, heads, seq, head_dim]; positions 0 .. seq-1. On a GPU, with dstrain's kernels
+// x: [batch, heads, seq, head_dim]; positions 0 .. seq-1 (or each row's own, with tables of
+// rope_tables_at). On a GPU, with dstrain's kernels
 // built and the tables' cuda_kernel, one kernel each way (src/model/cuda/rope.cu) with the tables
 // in fp32; elsewhere three LibTorch operations with the tables in x's dtype.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
@@ -41,5 +42,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 // The tables from position `first` on, so that apply_rope rotates positions first, first + 1, ...
 // (the new tokens of cached decoding).
 RopeTables rope_tables_from(const RopeTables& tables, int64_t first, int64_t count);
+
+// Tables [B, 1, 1, head_dim] that rotate batch row b's one position by positions[b] ([B] long,
+// on the tables' device): batched decoding, whose rows sit at positions of their own.
+RopeTables rope_tables_at(const RopeTables& tables, const torch::Tensor& positions);
 
 }  // namespace dstrain

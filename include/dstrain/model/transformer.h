@@ -48,6 +48,10 @@ class DecoderStackImpl : public torch::nn::Module {
   // adds them to its cache and attends to every cached position; cache.length grows by n.
   // The multi-token prediction modules take no part.
   torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  // Batched decoding (continuous batching): ids [B, 1], one new token for each of the cache's
+  // first B rows, row b's at position positions[b] (< max_seq_len); each row attends to its own
+  // positions 0 .. positions[b]. cache.length is left as it is.
+  torch::Tensor forward_decode(const torch::Tensor& ids, KvCache& cache, const std::vector<int64_t>& positions);
   KvCache empty_cache(int64_t batch) const;  // room for max_seq_len positions
   const std::vector<DecoderLayer>& layers() const { return layers_; }
   const std::vector<MultiTokenPrediction>& mtp_modules() const { return mtp_; }
@@ -95,6 +99,8 @@ class CausalLMImpl : public torch::nn::Module {
   // The same from a KV cache (DecoderStackImpl::forward_cached): logits of positions
   // cache.length ... + n - 1 only, the earlier ones read from the cache.
   torch::Tensor forward_cached(const torch::Tensor& input, KvCache& cache);
+  // Logits [B, 1, V] of batched decoding (DecoderStackImpl::forward_decode).
+  torch::Tensor forward_decode(const torch::Tensor& ids, KvCache& cache, const std::vector<int64_t>& positions);
   KvCache empty_cache(int64_t batch) const { return model_->empty_cache(batch); }
   const ModelConfig& config() const { return config_; }
   const LayerSlice& slice() const { return slice_; }
