@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin        # MPI bootstrap and CPU collectives
   libhdf5-openmpi-dev hdf5-tools    # parallel HDF5 (MPI-IO) for corpora and checkpoints; h5dump
   libboost-program-options-dev      # INI + command-line configuration
+  libboost-dev                      # Boost.Beast and Asio (headers): dstrain serve's HTTP
   nlohmann-json3-dev                # JSONL corpora and metrics
   libpcre2-dev                      # Unicode regular expressions of BPE tokenizers (tokenizer.json)
   libicu-dev                        # their Unicode tables (newer than PCRE2's) and NFC normalization
@@ -25,7 +26,8 @@ packages=(
 if [[ ${1:-} == --with-tests ]]; then
   packages+=(slurm-wlm slurmctld slurmd slurm-client munge libpmix-dev  # Slurm for jobs/ (srun --mpi=pmix)
              lmod                                                      # modulefiles/
-             iproute2 util-linux)  # ip, tc, nsenter, unshare: the cluster in miniature (tests/cluster/)
+             iproute2 util-linux   # ip, tc, nsenter, unshare: the cluster in miniature (tests/cluster/)
+             curl)                 # tests/serve: a real HTTP client besides Python's
   # tests/parity: tiktoken and GPT-2's encoder, independent tokenizers, from npm. Debian's packages
   # unless a Node.js with its own npm is there already (NodeSource's conflicts with Debian's npm).
   command -v npm >/dev/null || packages+=(nodejs npm)

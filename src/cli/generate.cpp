@@ -5,15 +5,10 @@
 #include <iostream>
 
 #include "command_args.h"
-#include "dstrain/ckpt/checkpoint_model.h"
-#include "dstrain/ckpt/checkpoint_reader.h"
-#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
-#include "dstrain/core/log.h"
 #include "dstrain/data/tokenizer.h"
 #include "dstrain/model/generation.h"
-#include "dstrain/train/stage_builder.h"
-#include "dstrain/train/train_config.h"
+#include "inference_model.h"
 
 namespace dstrain {
 namespace {
@@ -36,43 +31,6 @@ const char* kGenerateUsage =
     "  --tokenizer NAME        the tokenizer of the model's corpus: byte (the default), or its tokenizer.json\n"
     "                          (the checkpoint records which; generate refuses another)\n";
 
-// The tokenizer `given` by --tokenizer (empty: none) for a model whose corpus's tokenizer the
-// checkpoint names `recorded` (empty: not recorded). Anything but byte must be given, since the
-// checkpoint keeps a name, not the file; where the name fixes the token ids (byte, a
-// tokenizer.json's hash) another tokenizer is refused.
-std::unique_ptr<Tokenizer> tokenizer_of_model(const std::string& given, const std::string& recorded) {
-  if (given.empty() && !recorded.empty() && recorded != "byte")
-    throw config_error("--tokenizer", "", "the model was trained on tokens of " + recorded + ": give that tokenizer.json");
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(given.empty() ? "byte" : given);
-  const std::string trained_on = tokenizer_identity(recorded);
-  if (!trained_on.empty() && tokenizer_identity(tokenizer->name()) != trained_on)
-    throw config_error("--tokenizer", given, "the model was trained on tokens of " + recorded + ", not of " +
-                                                 tokenizer->name());
-  return tokenizer;
-}
-
-// generate runs the whole model on one process: of the training configuration only the model's
-// settings mean anything to it. (A layout such as --parallel.ep would otherwise pass in silence.)
-void refuse_settings_beyond_the_model(const std::vector<std::string>& overrides) {
-  for (const std::string& arg : overrides) {
-    if (arg.rfind("--", 0) != 0) continue;
-    const std::string key = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
-    if (key.find('.') != std::string::npos && key.rfind("model.", 0) != 0)
-      throw Error(ExitCode::kUsage, "generate: --" + key + " is not a setting of generate, which runs the whole model "
-                                    "on one process: besides its own options it takes --model.* settings only (see "
-                                    "dstrain generate --help)");
-  }
-}
-
-// --device: auto when not given.
-DeviceRequest device_option(const CommandArgs& parsed) {
-  if (!parsed.own.count("device")) return DeviceRequest::kAuto;
-  const std::string& name = parsed.own.at("device");
-  for (const auto& [text, request] : device_request_names())
-    if (text == name) return request;
-  throw config_error("--device", name, "expected cpu, cuda or auto");
-}
-
 }  // namespace
 
 int generate_command(const std::vector<std::string>& args) {
@@ -85,7 +43,6 @@ int generate_command(const std::vector<std::string>& args) {
     std::cout << kGenerateUsage;
     return 0;
   }
-  refuse_settings_beyond_the_model(parsed.overrides);
   for (const char* required : {"ckpt", "prompt"})
     if (!parsed.own.count(required))
       throw Error(ExitCode::kUsage, std::string("generate: give --") + required + " (see dstrain generate --help)");
@@ -95,28 +52,13 @@ int generate_command(const std::vector<std::string>& args) {
   sampling.top_k = static_cast<int64_t>(number_option(parsed, "top-k", 0, 0, 1e9, true));
   sampling.top_p = number_option(parsed, "top-p", 1.0, 1e-9, 1.0, false);
   sampling.seed = static_cast<uint64_t>(number_option(parsed, "seed", 0, 0, 9e15, true));
-  const DeviceRequest requested = device_option(parsed);
-  if (requested == DeviceRequest::kCuda && accel::device_count() == 0)
-    throw config_error("--device", "cuda", "no GPU here (or a LibTorch without CUDA)");
-  const torch::Device device = computes_on_gpu(requested) ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  const std::string checkpoint = resolve_checkpoint(parsed.own.at("ckpt"), "--ckpt");
-  const CheckpointReader reader(checkpoint);
-  const std::unique_ptr<Tokenizer> tokenizer =
-      tokenizer_of_model(parsed.own.count("tokenizer") ? parsed.own.at("tokenizer") : "", reader.state().tokenizer);
-  OptionTable table = train_option_table();
-  Options options = checkpoint_options(table, checkpoint, parsed.overrides);
-  const ModelConfig model_config = read_model_config(options);
-  if (model_config.vocab_size < static_cast<int64_t>(tokenizer->vocab_size()))
-    throw config_error("--tokenizer", tokenizer->name(),
-                       "its vocabulary (" + std::to_string(tokenizer->vocab_size()) + ") is larger than the model's (" +
-                           std::to_string(model_config.vocab_size) + ")");
+  const InferenceModel loaded = load_inference_model(parsed, "generate");
+  const Tokenizer* tokenizer = loaded.tokenizer.get();
+  const ModelConfig& model_config = loaded.model->config();
+  const std::string& checkpoint = loaded.checkpoint;
+  const torch::Device device = loaded.device;
   sampling.stop_token = tokenizer->eod_id();
-
-  // dstrain's kernels and the grouped products where they apply; nothing recomputed (no graph).
-  CausalLM model(model_config, LayerSlice::whole(model_config), compute_options(LoopConfig{}));
-  load_model_parameters(reader, sorted_parameters(*model));
-  model->to(device);
-  const CachedDecoder decoder(model);
+  const CachedDecoder decoder(loaded.model);
 
   // The prompt starts as the tokenizer starts every document (DeepSeek's beginning token).
   std::vector<int64_t> prompt;
@@ -141,7 +83,7 @@ int generate_command(const std::vector<std::string>& args) {
                  : "";
   std::fprintf(stderr, "generated %zu tokens in %.2f s (%.1f tokens/s) on %s from %s (step %lld)%s\n", tokens.size(),
                seconds, seconds > 0 ? static_cast<double>(tokens.size()) / seconds : 0.0, device.str().c_str(),
-               checkpoint.c_str(), static_cast<long long>(reader.state().step), why_stopped.c_str());
+               checkpoint.c_str(), static_cast<long long>(loaded.step), why_stopped.c_str());
   return 0;
 }
 

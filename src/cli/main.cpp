@@ -17,6 +17,7 @@
 #include "eval.h"
 #include "generate.h"
 #include "plot.h"
+#include "serve.h"
 #include "data.h"
 #include "pipeline.h"
 #include "dstrain/core/config.h"
@@ -53,6 +54,7 @@ const char* kUsage =
     "  model   what a configuration costs: dstrain model info --config FILE [--ranks N] [--json]\n"
     "  eval    loss and perplexity of a checkpoint: [mpirun -np N] dstrain eval --ckpt CKPT --data CORPUS\n"
     "  generate  continue a text with a checkpoint's model: dstrain generate --ckpt CKPT --prompt TEXT\n"
+    "  serve   a checkpoint behind an OpenAI-compatible HTTP endpoint: dstrain serve --ckpt CKPT [--port 8000]\n"
     "  plot    PNG charts of runs (overlaid): dstrain plot RUN_DIR... [--output DIR]\n"
     "\n"
     "  dstrain <command> --help    the options of a command\n"
@@ -222,10 +224,11 @@ int main(int argc, char** argv) {
     if (command == "model") return model_command(rest);
     if (command == "eval") return eval_command(argc, argv, rest);
     if (command == "generate") return generate_command(rest);
+    if (command == "serve") return serve_command(rest);
     if (command == "plot") return plot_command(rest);
     if (command == "data") return data_command(rest);
     throw Error(ExitCode::kUsage,
-                "unknown command '" + command + "' (commands: train, prep, data, bench, pipeline, ckpt, model, eval, generate, plot; see dstrain --help)");
+                "unknown command '" + command + "' (commands: train, prep, data, bench, pipeline, ckpt, model, eval, generate, serve, plot; see dstrain --help)");
   } catch (const std::exception& e) {
     const Error error = as_error(e);
     if (error.what()[0] != '\0') log::error(error.what());  // empty: another rank has reported it
