@@ -85,7 +85,10 @@ CompletionService::CompletionService(BatchEngine& engine, const Tokenizer& token
 void CompletionService::handle(const HttpRequest& request, const std::shared_ptr<HttpExchange>& exchange) {
   const std::string path = request.target.substr(0, request.target.find('?'));
   const bool get = request.method == "GET", post = request.method == "POST";
-  if (path == "/health" && get) return exchange->respond(200, dump({{"status", "ok"}}));
+  if (path == "/health" && get)
+    return exchange->respond(200, dump({{"status", "ok"},
+                                        {"completions_pending", engine_.pending()},
+                                        {"completions_cancelled", engine_.cancelled()}}));
   if (path == "/v1/models" && get) {
     json model = card_.details;
     model["id"] = card_.name;

@@ -76,6 +76,8 @@ class BatchEngine {
   bool submit(const std::vector<std::shared_ptr<CompletionJob>>& jobs, const std::function<void()>& queued = {});
   // Jobs waiting or decoding.
   int64_t pending() const;
+  // Jobs ended early because their client went away.
+  int64_t cancelled() const { return cancelled_.load(); }
 
  private:
   struct Row;
@@ -99,6 +101,7 @@ class BatchEngine {
   std::condition_variable wake_;
   std::deque<std::shared_ptr<CompletionJob>> queue_;
   std::atomic<int64_t> decoding_{0};
+  std::atomic<int64_t> cancelled_{0};
   bool stopping_ = false;
   std::thread thread_;
 };
