@@ -61,13 +61,19 @@ void BatchEngine::run() {
       wake_.wait(lock, [this] { return stopping_ || !queue_.empty() || decoding_ > 0; });
       if (stopping_ && queue_.empty() && decoding_ == 0) return;
       // Arrivals take the lowest free rows: the batch decodes rows 0 .. the highest one busy.
-      for (size_t row = 0; row < rows_.size() && !queue_.empty(); ++row)
-        if (!rows_[row]) {
-          arrivals.emplace_back(std::move(queue_.front()), row);
-          queue_.pop_front();
-          rows_[row] = std::make_unique<Row>();  // taken; filled below, outside the lock
-          ++decoding_;
+      for (size_t row = 0; row < rows_.size() && !queue_.empty(); ++row) {
+        if (rows_[row]) continue;
+        std::shared_ptr<CompletionJob> job = std::move(queue_.front());
+        queue_.pop_front();
+        if (job->cancelled) {  // its client left while it waited
+          ++cancelled_;
+          continue;
         }
+        rows_[row] = std::make_unique<Row>();  // taken; its prompt is read below, outside the lock
+        rows_[row]->job = job;
+        arrivals.emplace_back(std::move(job), row);
+        ++decoding_;
+      }
     }
     try {
       for (auto& [job, row] : arrivals) admit(job, row);
@@ -88,7 +94,7 @@ void BatchEngine::run() {
       end.error = e.what();
       for (size_t row = 0; row < rows_.size(); ++row)
         if (rows_[row]) {
-          if (rows_[row]->job && !rows_[row]->job->cancelled) rows_[row]->job->on_end(end);
+          if (!rows_[row]->job->cancelled) rows_[row]->job->on_end(end);
           release(row);
         }
     }
@@ -97,7 +103,6 @@ void BatchEngine::run() {
 
 void BatchEngine::admit(const std::shared_ptr<CompletionJob>& job, size_t index) {
   Row& row = *rows_[index];
-  row.job = job;
   row.generator = at::make_generator<at::CPUGeneratorImpl>(job->sampling.seed);
   row.text = CompletionText(job->stop);
   const int64_t n = static_cast<int64_t>(job->prompt.size());
