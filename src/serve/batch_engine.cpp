@@ -80,8 +80,8 @@ void BatchEngine::run() {
       for (size_t row = 0; row < rows_.size(); ++row) {
         if (!rows_[row]) continue;
         if (rows_[row]->job->cancelled) {  // its client has gone
-          ++cancelled_;
           release(row);
+          ++cancelled_;  // (after: whoever sees the count sees the row free)
         } else if (const std::optional<std::string> reason = advance(*rows_[row])) {
           finish(row, *reason);
         }
