@@ -1,0 +1,25 @@
+// The model's tensor-parallel group (model/tensor_parallel.h) over a communicator of the grid's tp
+// group: sums and maxima by all-reduce, and all-gathers and reduce-scatters along any dimension
+// (the communicator's run along the first; the others are moved there and back).
+#pragma once
+
+#include "dstrain/model/tensor_parallel.h"
+#include "dstrain/parallel/communicator.h"
+
+namespace dstrain {
+
+class TensorParallelCollectives : public TensorParallelGroup {
+ public:
+  explicit TensorParallelCollectives(Communicator& tp) : tp_(tp) {}
+  int size() const override { return tp_.size(); }
+  int rank() const override { return tp_.rank(); }
+  void all_reduce_sum(torch::Tensor& tensor) override { tp_.all_reduce(tensor, ReduceOp::kSum); }
+  void all_reduce_max(torch::Tensor& tensor) override { tp_.all_reduce(tensor, ReduceOp::kMax); }
+  torch::Tensor all_gather(const torch::Tensor& tensor, int64_t dim) override;
+  torch::Tensor reduce_scatter(const torch::Tensor& tensor, int64_t dim) override;
+
+ private:
+  Communicator& tp_;
+};
+
+}  // namespace dstrain
