@@ -15,8 +15,26 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_norm(x, weight_, eps_); }
 
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelGroup* tp) : tp_(tp) {
+  // N(0, 1), as torch::nn::Embedding starts; initialize_parameters sets the model's own.
+  weight = register_parameter("weight", torch::randn({split_by_tensor_parallel(vocab, tp, "model.vocab_size"), hidden}));
+}
+
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
+  if (!tp_) return torch::embedding(weight, ids);
+  const int64_t rows = weight.size(0);
+  const torch::Tensor local = ids - tp_->rank() * rows;
+  const torch::Tensor elsewhere = (local < 0) | (local >= rows);
+  const torch::Tensor found = torch::embedding(weight, local.masked_fill(elsewhere, 0));
+  return reduce_from_tensor_parallel(found.masked_fill(elsewhere.unsqueeze(-1), 0), *tp_);
+}
+
 AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options)
-    : num_heads_(c.num_heads), num_kv_heads_(c.num_kv_heads), head_dim_(c.head_dim()), selective_(options.selective()) {
+    : tp_(options.tensor_parallel),
+      num_heads_(split_by_tensor_parallel(c.num_heads, tp_, "model.num_heads")),
+      num_kv_heads_(split_by_tensor_parallel(c.num_kv_heads, tp_, "model.num_kv_heads")),
+      head_dim_(c.head_dim()),
+      selective_(options.selective()) {
   const auto hidden = std::make_shared<Fp8InputShare>();  // q, k and v read the same input
   q_proj_ = register_module("q_proj", layer_projection(c.hidden_size, num_heads_ * head_dim_, options, hidden));
   k_proj_ = register_module("k_proj", layer_projection(c.hidden_size, num_kv_heads_ * head_dim_, options, hidden));
@@ -25,11 +43,13 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  return attend(x, rope, nullptr, 0);
+  if (!tp_) return attend(x, rope, nullptr, 0);
+  return reduce_from_tensor_parallel(attend(copy_to_tensor_parallel(x, *tp_), rope, nullptr, 0), *tp_);
 }
 
 torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
                                             int64_t start) {
+  if (tp_) throw std::invalid_argument("cached decoding runs without tensor parallelism");
   return attend(x, rope, &cache, start);
 }
 
@@ -69,6 +89,7 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
 torch::Tensor AttentionImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
                                             const DecodeStep& step) {
   using torch::indexing::Slice;
+  if (tp_) throw std::invalid_argument("batched decoding runs without tensor parallelism");
   const int64_t batch = x.size(0);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({batch, 1, n, head_dim_}).transpose(1, 2); };
   const torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);  // [B, H, 1, d]
@@ -87,14 +108,20 @@ torch::Tensor AttentionImpl::for_query_heads(const torch::Tensor& kv) const {
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options)
-    : selective_(options.selective()), cuda_kernels_(options.cuda_kernels) {
+    : selective_(options.selective()), cuda_kernels_(options.cuda_kernels), tp_(options.tensor_parallel) {
+  const int64_t width = split_by_tensor_parallel(intermediate, tp_, "the MLP's intermediate size");
   const auto input = std::make_shared<Fp8InputShare>();  // gate and up read the same input
-  gate_proj_ = register_module("gate_proj", layer_projection(hidden, intermediate, options, input));
-  up_proj_ = register_module("up_proj", layer_projection(hidden, intermediate, options, input));
-  down_proj_ = register_module("down_proj", layer_projection(intermediate, hidden, options));
+  gate_proj_ = register_module("gate_proj", layer_projection(hidden, width, options, input));
+  up_proj_ = register_module("up_proj", layer_projection(hidden, width, options, input));
+  down_proj_ = register_module("down_proj", layer_projection(width, hidden, options));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  if (!tp_) return mlp(x);
+  return reduce_from_tensor_parallel(mlp(copy_to_tensor_parallel(x, *tp_)), *tp_);
+}
+
+torch::Tensor SwiGLUImpl::mlp(const torch::Tensor& x) {
   const torch::Tensor gate = gate_proj_(x), up = up_proj_(x);
   if (!selective_.on) return down_proj_(swiglu_activation(gate, up, cuda_kernels_));
   // Selective recomputation: the activation is computed again in the backward pass, not kept.

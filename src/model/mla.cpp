@@ -15,7 +15,8 @@ constexpr double kLatentNormEps = 1e-6;
 }  // namespace
 
 MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c, const ComputeOptions& options)
-    : heads_(c.num_heads),
+    : tp_(options.tensor_parallel),
+      heads_(split_by_tensor_parallel(c.num_heads, tp_, "model.num_heads")),
       nope_(c.qk_nope_head_dim),
       rope_dim_(c.qk_rope_head_dim),
       v_dim_(c.v_head_dim),
@@ -39,18 +40,23 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c,
 }
 
 Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {
-  return {q_proj_ ? q_proj_(x) : q_a_proj_(x), kv_a_proj_with_mqa_(x)};
+  return {q_proj_ ? q_proj_(to_heads(x)) : q_a_proj_(x), kv_a_proj_with_mqa_(x)};
+}
+
+torch::Tensor MultiHeadLatentAttentionImpl::to_heads(const torch::Tensor& x) {
+  return tp_ ? copy_to_tensor_parallel(x, *tp_) : x;
 }
 
 MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::up_project(const Tensors& down,
                                                                                  const RopeTables& rope) {
   const torch::Tensor& compressed = down[1];  // [B, S, latent + rope]
   const int64_t batch = compressed.size(0), seq = compressed.size(1);
-  torch::Tensor q = q_proj_ ? down[0] : q_b_proj_(q_a_layernorm_(down[0]));
+  torch::Tensor q = q_proj_ ? down[0] : q_b_proj_(to_heads(q_a_layernorm_(down[0])));
   q = q.view({batch, seq, heads_, nope_ + rope_dim_}).transpose(1, 2);  // [B, H, S, qk]
   q = torch::cat({q.narrow(-1, 0, nope_), apply_rope(q.narrow(-1, nope_, rope_dim_), rope)}, -1);
-  torch::Tensor latent = kv_a_layernorm_(compressed.narrow(-1, 0, kv_lora_rank_));
-  torch::Tensor k_rope = apply_rope(compressed.narrow(-1, kv_lora_rank_, rope_dim_).unsqueeze(1), rope).squeeze(1);
+  torch::Tensor latent = to_heads(kv_a_layernorm_(compressed.narrow(-1, 0, kv_lora_rank_)));
+  torch::Tensor k_rope =
+      apply_rope(to_heads(compressed.narrow(-1, kv_lora_rank_, rope_dim_)).unsqueeze(1), rope).squeeze(1);
   return {q, latent, k_rope};
 }
 
@@ -74,15 +80,17 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, cons
   auto output = [&](const Tensors& out) {  // out: [B, H, S, v]
     return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}))};
   };
-  if (!selective_.on) return output(attend(up(down)))[0];
   // Selective recomputation: the up-projections' outputs (queries, keys, values) are computed
   // again from the latents in the backward pass, not kept (nor, by causal_attention, the
   // probabilities of unfused attention).
-  return output(recompute_outputs(up, down, attend, selective_.clock))[0];
+  const torch::Tensor out =
+      selective_.on ? output(recompute_outputs(up, down, attend, selective_.clock))[0] : output(attend(up(down)))[0];
+  return tp_ ? reduce_from_tensor_parallel(out, *tp_) : out;
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,
                                                            AttentionCache& cache, int64_t start) {
+  if (tp_) throw std::invalid_argument("cached decoding runs without tensor parallelism");
   const int64_t seq = x.size(1), keys = start + seq;
   const Projected p = up_project(down_project(x), rope);
   // The new positions join the cache; the queries see all of it.
@@ -96,6 +104,7 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& 
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope,
                                                            AttentionCache& cache, const DecodeStep& step) {
+  if (tp_) throw std::invalid_argument("batched decoding runs without tensor parallelism");
   const int64_t batch = x.size(0);
   const Projected p = up_project(down_project(x), rope);
   cache.latent.index_put_({step.rows, step.positions}, p.latent.select(1, 0));

@@ -80,4 +80,15 @@ c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_d
   return ends_with(name, "e_score_correction_bias") ? c10::ScalarType::Float : model_dtype;
 }
 
+TensorParallelSplit tensor_parallel_split(const std::string& name) {
+  if (name.find(".mlp.experts.") != std::string::npos) return TensorParallelSplit::kWhole;  // expert parallelism's
+  for (const char* rows : {"embed_tokens.weight", "lm_head.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                           "self_attn.v_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight",
+                           "gate_proj.weight", "up_proj.weight"})
+    if (ends_with(name, rows)) return TensorParallelSplit::kRows;
+  for (const char* columns : {"self_attn.o_proj.weight", "down_proj.weight"})
+    if (ends_with(name, columns)) return TensorParallelSplit::kColumns;
+  return TensorParallelSplit::kWhole;
+}
+
 }  // namespace dstrain

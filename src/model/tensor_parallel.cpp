@@ -2,6 +2,9 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <stdexcept>
+#include <string>
+
 namespace dstrain {
 namespace {
 
@@ -110,6 +113,14 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
 };
 
 }  // namespace
+
+int64_t split_by_tensor_parallel(int64_t n, const TensorParallelGroup* group, const char* what) {
+  if (!group) return n;
+  if (n % group->size() != 0)
+    throw std::invalid_argument(std::string("tensor parallelism over ") + std::to_string(group->size()) +
+                                " ranks must divide " + what + " (" + std::to_string(n) + ")");
+  return n / group->size();
+}
 
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, TensorParallelGroup& group) {
   return CopyToTensorParallel::apply(x, &group);

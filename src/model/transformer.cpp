@@ -29,7 +29,8 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   rope_.sin = register_buffer("rope_sin", rope_.sin);
   rope_.cuda_kernel = options.cuda_kernels;
   if (slice.has_embedding)
-    embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    embed_tokens_ =
+        register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size, options.tensor_parallel));
   // Layers keep their global index as their name, so a slice's names are the whole model's.
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
@@ -117,11 +118,14 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const 
     : config_(c),
       slice_(slice),
       cuda_kernels_(options.cuda_kernels),
-      carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)) {
+      carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)),
+      tp_(options.tensor_parallel) {
   model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(
+                                         c.hidden_size, split_by_tensor_parallel(c.vocab_size, tp_, "model.vocab_size"))
+                                         .bias(false)));
 }
 
 int64_t CausalLMImpl::stage_activation_width(const ModelConfig& c, int virtual_stages) {
@@ -160,7 +164,13 @@ std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::hidden_and_embeddings(cons
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
   auto [hidden, embeddings] = hidden_and_embeddings(input);
-  if (slice_.has_head) return lm_head_(hidden);
+  if (slice_.has_head) {
+    if (!tp_) return lm_head_(hidden);
+    // The whole logits, gathered: for evaluation and inspection (training takes losses()).
+    if (torch::GradMode::is_enabled())
+      throw std::invalid_argument("under tensor parallelism the logits are for inference; train through losses()");
+    return tp_->all_gather(lm_head_(hidden), -1);
+  }
   return carries_embeddings_ ? torch::cat({hidden, embeddings}, -1) : hidden;
 }
 
@@ -168,7 +178,7 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   auto [hidden, embeddings] = hidden_and_embeddings(input);
   const int64_t seq = hidden.size(1);
   LanguageModelLosses losses;
-  losses.next_token = linear_cross_entropy(hidden, lm_head_->weight, tokens.narrow(1, 1, seq), 0, cuda_kernels_);
+  losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq));
   const int64_t depths = config_.num_nextn_predict_layers;
   if (!with_mtp || depths == 0) return losses;
   if (seq <= depths)
@@ -180,12 +190,17 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   for (int64_t k = 1; k <= depths; ++k) {
     const int64_t n = seq - k;
     hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
-    torch::Tensor loss = linear_cross_entropy(model_->mtp_head_input(k, hidden), lm_head_->weight,
-                                              tokens.narrow(1, k + 1, n), 0, cuda_kernels_);
+    torch::Tensor loss = head_loss(model_->mtp_head_input(k, hidden), tokens.narrow(1, k + 1, n));
     sum = sum.defined() ? sum + loss : loss;
   }
   losses.mtp = sum / static_cast<double>(depths);
   return losses;
+}
+
+torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets) {
+  if (!tp_) return linear_cross_entropy(hidden, lm_head_->weight, targets, 0, cuda_kernels_);
+  const torch::Tensor logits = torch::matmul(copy_to_tensor_parallel(hidden, *tp_), lm_head_->weight.t());
+  return vocab_parallel_cross_entropy(logits.flatten(0, -2), targets.flatten(), *tp_);
 }
 
 torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {

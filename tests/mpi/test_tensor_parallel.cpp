@@ -1,13 +1,15 @@
 // Tensor parallelism's pieces (model/tensor_parallel.h over parallel/tensor_parallel_collectives.h)
 // on real ranks, against the unsplit computation in fp64 on every rank: the vocabulary-parallel
 // loss against the full softmax, a column- then row-parallel MLP against the whole MLP, and the
-// same with sequence parallelism, forward and backward.
+// same with sequence parallelism, forward and backward; and whole models split over the group.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <memory>
 
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/model/tensor_parallel.h"
+#include "dstrain/model/transformer.h"
 #include "dstrain/parallel/mpi_communicator.h"
 #include "dstrain/parallel/tensor_parallel_collectives.h"
 
@@ -118,4 +120,113 @@ TEST(TensorParallel, ReduceScatterRefusesADimensionThatDoesNotSplit) {
   WorldGroup world;
   if (world.group->size() == 1) GTEST_SKIP() << "one rank: every dimension splits into one";
   EXPECT_THROW(world.group->reduce_scatter(torch::zeros({2, world.group->size() + 1}), 1), std::invalid_argument);
+}
+
+// A whole model split by tensor parallelism: each rank builds its shards from the whole model's
+// parameters (tensor_parallel_split) and the split model's losses and gradients are the whole
+// model's, shard by shard.
+namespace {
+
+ModelConfig dense_config(int64_t tp) {
+  ModelConfig c;
+  c.vocab_size = 24 * tp;
+  c.hidden_size = 16 * tp;  // heads of 8
+  c.intermediate_size = 12 * tp;
+  c.num_layers = 2;
+  c.num_heads = 2 * tp;
+  c.num_kv_heads = tp;  // grouped-query: two query heads a key/value head
+  c.max_seq_len = 16;
+  c.init_std = 0.2;
+  return c;
+}
+
+// DeepSeek-V3 in small: MLA with the query's low-rank bottleneck, DeepSeekMoE from layer 1 with a
+// shared expert, one multi-token prediction module.
+ModelConfig latent_moe_config(int64_t tp) {
+  ModelConfig c = dense_config(tp);
+  c.num_heads = 2 * tp;
+  c.num_kv_heads = c.num_heads;
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 16;
+  c.qk_nope_head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 8;
+  c.rope_interleave = true;
+  c.n_routed_experts = 4;
+  c.n_shared_experts = 1;
+  c.moe_intermediate_size = 4 * tp;
+  c.num_experts_per_tok = 2;
+  c.first_k_dense_replace = 1;
+  c.scoring_func = ScoringFunction::kSigmoid;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.norm_topk_prob = true;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.num_nextn_predict_layers = 1;
+  return c;
+}
+
+torch::Tensor shard_of(const torch::Tensor& whole, const std::string& name, const TensorParallelGroup& tp) {
+  switch (tensor_parallel_split(name)) {
+    case TensorParallelSplit::kRows: return whole.chunk(tp.size(), 0)[tp.rank()];
+    case TensorParallelSplit::kColumns: return whole.chunk(tp.size(), 1)[tp.rank()];
+    case TensorParallelSplit::kWhole: break;
+  }
+  return whole;
+}
+
+void expect_split_model_equals_the_whole(const ModelConfig& c, const std::string& what) {
+  WorldGroup world;
+  TensorParallelGroup& tp = *world.group;
+  CausalLM whole(c, LayerSlice::whole(c));
+  initialize_parameters(*whole, c, 5);
+  ComputeOptions options;
+  options.tensor_parallel = &tp;
+  CausalLM split(c, LayerSlice::whole(c), options);
+  auto whole_params = sorted_parameters(*whole), split_params = sorted_parameters(*split);
+  ASSERT_EQ(whole_params.size(), split_params.size());
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < whole_params.size(); ++i) {
+      ASSERT_EQ(whole_params[i].first, split_params[i].first);
+      split_params[i].second.copy_(shard_of(whole_params[i].second, whole_params[i].first, tp));
+    }
+  }
+  torch::manual_seed(51);
+  const torch::Tensor tokens = torch::randint(0, c.vocab_size, {2, 13}, torch::kLong);
+  const torch::Tensor input = tokens.narrow(1, 0, 12);
+  auto total = [&](CausalLM& model) {
+    const LanguageModelLosses losses = model->losses(input, tokens, /*with_mtp=*/true);
+    return losses.mtp.defined() ? losses.next_token + 0.3 * losses.mtp : losses.next_token;
+  };
+  const torch::Tensor expected = total(whole), loss = total(split);
+  expected.backward();
+  loss.backward();
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-5) << what;
+  whole_params = sorted_parameters(*whole);
+  split_params = sorted_parameters(*split);
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    const std::string& name = whole_params[i].first;
+    const torch::Tensor& grad = split_params[i].second.grad();
+    if (!whole_params[i].second.grad().defined()) {
+      EXPECT_FALSE(grad.defined() && grad.abs().sum().item<double>() != 0) << what << ": " << name;
+      continue;
+    }
+    ASSERT_TRUE(grad.defined()) << what << ": " << name;
+    const torch::Tensor wanted = shard_of(whole_params[i].second.grad(), name, tp);
+    EXPECT_TRUE(torch::allclose(grad, wanted, 1e-4, 1e-6))
+        << what << ": " << name << ", max difference " << (grad - wanted).abs().max().item<double>();
+  }
+}
+
+}  // namespace
+
+TEST(TensorParallel, DenseModelWithGroupedQueryAttentionEqualsTheWholeModel) {
+  WorldGroup world;
+  expect_split_model_equals_the_whole(dense_config(world.group->size()), "dense");
+}
+
+TEST(TensorParallel, LatentAttentionMoEAndMultiTokenPredictionEqualTheWholeModel) {
+  WorldGroup world;
+  expect_split_model_equals_the_whole(latent_moe_config(world.group->size()), "MLA, MoE, MTP");
 }

@@ -14,6 +14,7 @@ namespace dstrain {
 
 class ExpertExchange;          // expert_exchange.h
 class GroupedMatmul;           // grouped_matmul.h
+class TensorParallelGroup;     // tensor_parallel.h
 class WeightGradientDeferral;  // weight_gradient_deferral.h
 
 struct ComputeOptions {
@@ -36,6 +37,10 @@ struct ComputeOptions {
   // Expert parallelism: how a MoE layer's rows reach the ranks that hold their experts
   // (parallel/expert_all_to_all.h); nullptr: the layer holds every expert and computes here.
   ExpertExchange* expert_exchange = nullptr;
+  // Tensor parallelism: attention split by heads, dense MLPs (shared experts included) by FFN
+  // width, the embedding, LM head and loss by vocabulary over this group (tensor_parallel.h;
+  // which parameter splits how: tensor_parallel_split in parameter_shapes.h); nullptr: whole layers.
+  TensorParallelGroup* tensor_parallel = nullptr;
 
   SelectiveRecompute selective() const { return {recompute.mode == Recompute::kSelective, rerun_clock}; }
 };

@@ -10,6 +10,7 @@
 #include "dstrain/model/projection.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/rope.h"
+#include "dstrain/model/tensor_parallel.h"
 
 namespace dstrain {
 
@@ -24,7 +25,24 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// Causal self-attention with RoPE; grouped-query when num_kv_heads < num_heads.
+// The token embedding (embed_tokens): a row of `weight` per token id. Under tensor parallelism
+// each rank holds vocab / T rows, looks up the ids in its range (zeros for the others), and the
+// group sums the lookups (Megatron-LM's VocabParallelEmbedding).
+class TokenEmbeddingImpl : public torch::nn::Module {
+ public:
+  TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelGroup* tp = nullptr);
+  torch::Tensor forward(const torch::Tensor& ids);
+
+  torch::Tensor weight;  // [vocab (/ T), hidden]
+
+ private:
+  TensorParallelGroup* tp_;
+};
+TORCH_MODULE(TokenEmbedding);
+
+// Causal self-attention with RoPE; grouped-query when num_kv_heads < num_heads. Under tensor
+// parallelism each rank holds num_heads / T query heads and num_kv_heads / T key/value heads
+// (q, k, v column-parallel, o row-parallel); decoding runs without it.
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config, const ComputeOptions& options = {});
@@ -48,21 +66,25 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
-  int64_t num_heads_, num_kv_heads_, head_dim_;
+  TensorParallelGroup* tp_;  // heads split over it (nullptr: all here)
+  int64_t num_heads_, num_kv_heads_, head_dim_;  // this rank's heads
   SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 TORCH_MODULE(Attention);
 
-// down_proj(silu(gate_proj(x)) * up_proj(x))
+// down_proj(silu(gate_proj(x)) * up_proj(x)); under tensor parallelism each rank holds
+// intermediate / T of the width (gate and up column-parallel, down row-parallel).
 class SwiGLUImpl : public torch::nn::Module {
  public:
   SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options = {});
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  torch::Tensor mlp(const torch::Tensor& x);
   SelectiveRecompute selective_;
   bool cuda_kernels_;
+  TensorParallelGroup* tp_;
   Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(SwiGLU);

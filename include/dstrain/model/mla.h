@@ -14,6 +14,9 @@
 //   q_nope · (W_UK c) = (W_UKᵀ q_nope) · c      Σ p (W_UV c) = W_UV (Σ p c)
 // so a new token costs heads × (kv_lora_rank + qk_rope_head_dim) per cached position instead
 // of re-expanding every cached latent through kv_b_proj.
+// Under tensor parallelism each rank holds num_heads / T heads (q_proj or q_b_proj and kv_b_proj
+// column-parallel, o_proj row-parallel); the down-projections and their norms stay whole on every
+// rank (DeepSeek-V3 in Megatron-LM and torchtitan); decoding runs without it.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -52,6 +55,10 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   };
   // x → [the query's input to its up-projection (q_a_proj(x), or q_proj(x) itself), kv_a_proj(x)].
   Tensors down_project(const torch::Tensor& x);
+  // x entering this rank's heads: under tensor parallelism, where the gradients of the group's
+  // heads are summed, so that what comes before (the down-projections and their norms, whole on
+  // every rank) gets the whole gradient.
+  torch::Tensor to_heads(const torch::Tensor& x);
   Projected up_project(const Tensors& down, const RopeTables& rope);
   // Training: the latent expanded, [query, key, value] as attention takes them.
   Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
@@ -59,7 +66,8 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   // queries [B, H, S, qk]; `visible` [B or 1, 1, S, keys] (true: attended). Returns o_proj's output.
   torch::Tensor attend_latents(const torch::Tensor& query, const torch::Tensor& latent, const torch::Tensor& k_rope,
                                const torch::Tensor& visible);
-  int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;
+  TensorParallelGroup* tp_;  // heads split over it (nullptr: all here)
+  int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;  // heads_: this rank's
   double scale_;
   SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, q_a_proj_{nullptr}, q_b_proj_{nullptr};

@@ -24,4 +24,12 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
 // nothing in bf16 once it passes 0.5.
 c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_dtype);
 
+// How tensor parallelism splits parameter `name` over the ranks of a tp group (Megatron-LM's
+// scheme): rank r holds the r-th of T equal blocks of rows (column-parallel products: q, k, v,
+// MLA's q_b_proj and kv_b_proj, gate and up; the vocabulary of the embedding and the LM head) or of
+// columns (row-parallel products: o_proj, down_proj), or the whole tensor (norms, MLA's
+// down-projections, the router, routed experts, the MTP modules' eh_proj).
+enum class TensorParallelSplit { kWhole, kRows, kColumns };
+TensorParallelSplit tensor_parallel_split(const std::string& name);
+
 }  // namespace dstrain

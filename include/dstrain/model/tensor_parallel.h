@@ -37,6 +37,10 @@ class TensorParallelGroup {
   virtual torch::Tensor reduce_scatter(const torch::Tensor& tensor, int64_t dim) = 0;
 };
 
+// n / T for a layer dimension split over `group` (n itself without one); throws
+// std::invalid_argument naming `what` when T does not divide it.
+int64_t split_by_tensor_parallel(int64_t n, const TensorParallelGroup* group, const char* what);
+
 torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, TensorParallelGroup& group);
 torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, TensorParallelGroup& group);
 torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);

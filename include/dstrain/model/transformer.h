@@ -66,7 +66,7 @@ class DecoderStackImpl : public torch::nn::Module {
   RerunClock* rerun_clock_;
   int64_t max_seq_len_;
   RopeTables rope_;
-  torch::nn::Embedding embed_tokens_{nullptr};
+  TokenEmbedding embed_tokens_{nullptr};
   std::vector<DecoderLayer> layers_;
   std::vector<MultiTokenPrediction> mtp_;
   RMSNorm norm_{nullptr};
@@ -111,11 +111,15 @@ class CausalLMImpl : public torch::nn::Module {
   // [hidden; embeddings] from the stage activation or the token ids: the embeddings are undefined
   // when nothing needs them. Then the slice's layers.
   std::pair<torch::Tensor, torch::Tensor> hidden_and_embeddings(const torch::Tensor& input);
+  // The mean loss of the LM head's logits of `hidden` against `targets` (vocabulary-parallel under
+  // tensor parallelism: the full logits are never gathered).
+  torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& targets);
 
   ModelConfig config_;
   LayerSlice slice_;
   bool cuda_kernels_;        // the loss's kernel (ComputeOptions::cuda_kernels)
   bool carries_embeddings_;  // stage activations are [hidden; embeddings]
+  TensorParallelGroup* tp_;  // the LM head's vocabulary split over it (nullptr: whole)
   DecoderStack model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };
