@@ -15,24 +15,25 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_norm(x, weight_, eps_); }
 
-TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelGroup* tp) : tp_(tp) {
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelRegion tp) : tp_(tp) {
   // N(0, 1), as torch::nn::Embedding starts; initialize_parameters sets the model's own.
-  weight = register_parameter("weight", torch::randn({split_by_tensor_parallel(vocab, tp, "model.vocab_size"), hidden}));
+  weight = register_parameter("weight",
+                              torch::randn({split_by_tensor_parallel(vocab, tp.group, "model.vocab_size"), hidden}));
 }
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
   if (!tp_) return torch::embedding(weight, ids);
   const int64_t rows = weight.size(0);
-  const torch::Tensor local = ids - tp_->rank() * rows;
+  const torch::Tensor local = ids - tp_.group->rank() * rows;
   const torch::Tensor elsewhere = (local < 0) | (local >= rows);
   const torch::Tensor found = torch::embedding(weight, local.masked_fill(elsewhere, 0));
-  return reduce_from_tensor_parallel(found.masked_fill(elsewhere.unsqueeze(-1), 0), *tp_);
+  return tp_.leave(found.masked_fill(elsewhere.unsqueeze(-1), 0));
 }
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options)
-    : tp_(options.tensor_parallel),
-      num_heads_(split_by_tensor_parallel(c.num_heads, tp_, "model.num_heads")),
-      num_kv_heads_(split_by_tensor_parallel(c.num_kv_heads, tp_, "model.num_kv_heads")),
+    : tp_{options.tensor_parallel, options.sequence_parallel},
+      num_heads_(split_by_tensor_parallel(c.num_heads, tp_.group, "model.num_heads")),
+      num_kv_heads_(split_by_tensor_parallel(c.num_kv_heads, tp_.group, "model.num_kv_heads")),
       head_dim_(c.head_dim()),
       selective_(options.selective()) {
   const auto hidden = std::make_shared<Fp8InputShare>();  // q, k and v read the same input
@@ -43,8 +44,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  if (!tp_) return attend(x, rope, nullptr, 0);
-  return reduce_from_tensor_parallel(attend(copy_to_tensor_parallel(x, *tp_), rope, nullptr, 0), *tp_);
+  return tp_.leave(attend(tp_.enter(x), rope, nullptr, 0));
 }
 
 torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
@@ -108,8 +108,10 @@ torch::Tensor AttentionImpl::for_query_heads(const torch::Tensor& kv) const {
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOptions& options)
-    : selective_(options.selective()), cuda_kernels_(options.cuda_kernels), tp_(options.tensor_parallel) {
-  const int64_t width = split_by_tensor_parallel(intermediate, tp_, "the MLP's intermediate size");
+    : selective_(options.selective()),
+      cuda_kernels_(options.cuda_kernels),
+      tp_{options.tensor_parallel, options.sequence_parallel} {
+  const int64_t width = split_by_tensor_parallel(intermediate, tp_.group, "the MLP's intermediate size");
   const auto input = std::make_shared<Fp8InputShare>();  // gate and up read the same input
   gate_proj_ = register_module("gate_proj", layer_projection(hidden, width, options, input));
   up_proj_ = register_module("up_proj", layer_projection(hidden, width, options, input));
@@ -117,8 +119,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOption
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  if (!tp_) return mlp(x);
-  return reduce_from_tensor_parallel(mlp(copy_to_tensor_parallel(x, *tp_)), *tp_);
+  return tp_.leave(mlp(tp_.enter(x)));
 }
 
 torch::Tensor SwiGLUImpl::mlp(const torch::Tensor& x) {

@@ -15,8 +15,8 @@ constexpr double kLatentNormEps = 1e-6;
 }  // namespace
 
 MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c, const ComputeOptions& options)
-    : tp_(options.tensor_parallel),
-      heads_(split_by_tensor_parallel(c.num_heads, tp_, "model.num_heads")),
+    : tp_{options.tensor_parallel, options.sequence_parallel},
+      heads_(split_by_tensor_parallel(c.num_heads, tp_.group, "model.num_heads")),
       nope_(c.qk_nope_head_dim),
       rope_dim_(c.qk_rope_head_dim),
       v_dim_(c.v_head_dim),
@@ -44,7 +44,7 @@ Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::to_heads(const torch::Tensor& x) {
-  return tp_ ? copy_to_tensor_parallel(x, *tp_) : x;
+  return tp_ && !tp_.sequence_parallel ? copy_to_tensor_parallel(x, *tp_.group) : x;
 }
 
 MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::up_project(const Tensors& down,
@@ -70,7 +70,11 @@ Tensors MultiHeadLatentAttentionImpl::attention_inputs(const Tensors& down, cons
   return {p.query, key, value};
 }
 
-torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& input, const RopeTables& rope) {
+  // With sequence parallelism the heads attend over the gathered sequence; the gather's backward
+  // pass sums the group's gradients of it.
+  const torch::Tensor x =
+      tp_ && tp_.sequence_parallel ? gather_from_sequence_parallel(input, *tp_.group, 1) : input;
   const int64_t batch = x.size(0), seq = x.size(1);
   const Tensors down = down_project(x);
   auto up = [this, rope](const Tensors& latents) { return attention_inputs(latents, rope); };
@@ -85,7 +89,7 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& x, cons
   // probabilities of unfused attention).
   const torch::Tensor out =
       selective_.on ? output(recompute_outputs(up, down, attend, selective_.clock))[0] : output(attend(up(down)))[0];
-  return tp_ ? reduce_from_tensor_parallel(out, *tp_) : out;
+  return tp_.leave(out);
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope,

@@ -104,9 +104,13 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
   experts_ =
       register_module("experts", GroupedExperts(shard_.size(c.n_routed_experts), shard_.first(c.n_routed_experts),
                                                 c.hidden_size, c.moe_intermediate_size, options));
+  // Split by tensor parallelism like a dense MLP; the layer computes on the whole (gathered)
+  // sequence, so never sequence-parallel inside.
+  ComputeOptions shared = options;
+  shared.sequence_parallel = false;
   if (c.n_shared_experts > 0)
     shared_experts_ =
-        register_module("shared_experts", SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, options));
+        register_module("shared_experts", SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, shared));
 }
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {

@@ -91,4 +91,8 @@ TensorParallelSplit tensor_parallel_split(const std::string& name) {
   return TensorParallelSplit::kWhole;
 }
 
+bool sequence_parallel_partial_gradient(const std::string& name) {
+  return tensor_parallel_split(name) == TensorParallelSplit::kWhole && name.find(".mlp.") == std::string::npos;
+}
+
 }  // namespace dstrain

@@ -69,6 +69,32 @@ class ScatterToSequenceParallel : public torch::autograd::Function<ScatterToSequ
   }
 };
 
+class GatherSequenceWhole : public torch::autograd::Function<GatherSequenceWhole> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
+    keep_group(ctx, *group);
+    ctx->saved_data["dim"] = dim;
+    return group->all_gather(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TensorParallelGroup& group = group_of(ctx);
+    return {grads[0].chunk(group.size(), ctx->saved_data["dim"].toInt())[group.rank()].contiguous(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+class SplitSequence : public torch::autograd::Function<SplitSequence> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
+    keep_group(ctx, *group);
+    ctx->saved_data["dim"] = dim;
+    return x.chunk(group->size(), dim)[group->rank()].contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Megatron-LM's vocabulary-parallel cross-entropy: the softmax's normaliser from each shard's sum
 // of exponentials (shifted by the group's max, so that none overflows), the target's logit from
 // the one shard that holds it. Keeps this shard's probabilities for the backward pass.
@@ -134,6 +160,29 @@ torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, TensorParall
 torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
   return ScatterToSequenceParallel::apply(x, &group, dim);
 }
+torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
+  return GatherSequenceWhole::apply(x, &group, dim);
+}
+torch::Tensor split_sequence(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
+  return SplitSequence::apply(x, &group, dim);
+}
+
+namespace {
+
+int64_t token_dim(const torch::Tensor& x) { return x.dim() == 3 ? 1 : 0; }
+
+}  // namespace
+
+torch::Tensor TensorParallelRegion::enter(const torch::Tensor& x) const {
+  if (!group) return x;
+  return sequence_parallel ? gather_from_sequence_parallel(x, *group, token_dim(x)) : copy_to_tensor_parallel(x, *group);
+}
+
+torch::Tensor TensorParallelRegion::leave(const torch::Tensor& x) const {
+  if (!group) return x;
+  return sequence_parallel ? scatter_to_sequence_parallel(x, *group, token_dim(x)) : reduce_from_tensor_parallel(x, *group);
+}
+
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                            TensorParallelGroup& group, int64_t ignore_index) {
   return VocabParallelCrossEntropy::apply(logits, targets, &group, ignore_index);

@@ -30,7 +30,9 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   rope_.cuda_kernel = options.cuda_kernels;
   if (slice.has_embedding)
     embed_tokens_ =
-        register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size, options.tensor_parallel));
+        register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size,
+                                                       TensorParallelRegion{options.tensor_parallel,
+                                                                            options.sequence_parallel}));
   // Layers keep their global index as their name, so a slice's names are the whole model's.
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
@@ -119,12 +121,14 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const 
       slice_(slice),
       cuda_kernels_(options.cuda_kernels),
       carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)),
-      tp_(options.tensor_parallel) {
+      tp_{options.tensor_parallel, options.sequence_parallel} {
+  if (tp_ && tp_.sequence_parallel && c.num_nextn_predict_layers > 0)
+    throw std::invalid_argument("multi-token prediction does not run with sequence parallelism yet");
   model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(
-                                         c.hidden_size, split_by_tensor_parallel(c.vocab_size, tp_, "model.vocab_size"))
+                                         c.hidden_size, split_by_tensor_parallel(c.vocab_size, tp_.group, "model.vocab_size"))
                                          .bias(false)));
 }
 
@@ -169,14 +173,16 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
     // The whole logits, gathered: for evaluation and inspection (training takes losses()).
     if (torch::GradMode::is_enabled())
       throw std::invalid_argument("under tensor parallelism the logits are for inference; train through losses()");
-    return tp_->all_gather(lm_head_(hidden), -1);
+    const torch::Tensor whole = tp_.sequence_parallel ? tp_.group->all_gather(hidden, 1) : hidden;
+    return tp_.group->all_gather(lm_head_(whole), -1);
   }
   return carries_embeddings_ ? torch::cat({hidden, embeddings}, -1) : hidden;
 }
 
 LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch::Tensor& tokens, bool with_mtp) {
   auto [hidden, embeddings] = hidden_and_embeddings(input);
-  const int64_t seq = hidden.size(1);
+  // (With sequence parallelism the hidden states are this rank's part of the sequence.)
+  const int64_t seq = hidden.size(1) * (tp_ && tp_.sequence_parallel ? tp_.group->size() : 1);
   LanguageModelLosses losses;
   losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq));
   const int64_t depths = config_.num_nextn_predict_layers;
@@ -199,8 +205,9 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
 
 torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets) {
   if (!tp_) return linear_cross_entropy(hidden, lm_head_->weight, targets, 0, cuda_kernels_);
-  const torch::Tensor logits = torch::matmul(copy_to_tensor_parallel(hidden, *tp_), lm_head_->weight.t());
-  return vocab_parallel_cross_entropy(logits.flatten(0, -2), targets.flatten(), *tp_);
+  // The head is column-parallel: its input enters as any split layer's does (the whole sequence).
+  const torch::Tensor logits = torch::matmul(tp_.enter(hidden), lm_head_->weight.t());
+  return vocab_parallel_cross_entropy(logits.flatten(0, -2), targets.flatten(), *tp_.group);
 }
 
 torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {

@@ -175,13 +175,16 @@ torch::Tensor shard_of(const torch::Tensor& whole, const std::string& name, cons
   return whole;
 }
 
-void expect_split_model_equals_the_whole(const ModelConfig& c, const std::string& what) {
+// With `sequence_parallel`, the gradients of the parameters whose ranks each see a part
+// (sequence_parallel_partial_gradient) are summed over the group first, as training does.
+void expect_split_model_equals_the_whole(const ModelConfig& c, bool sequence_parallel, const std::string& what) {
   WorldGroup world;
   TensorParallelGroup& tp = *world.group;
   CausalLM whole(c, LayerSlice::whole(c));
   initialize_parameters(*whole, c, 5);
   ComputeOptions options;
   options.tensor_parallel = &tp;
+  options.sequence_parallel = sequence_parallel;
   CausalLM split(c, LayerSlice::whole(c), options);
   auto whole_params = sorted_parameters(*whole), split_params = sorted_parameters(*split);
   ASSERT_EQ(whole_params.size(), split_params.size());
@@ -207,7 +210,8 @@ void expect_split_model_equals_the_whole(const ModelConfig& c, const std::string
   split_params = sorted_parameters(*split);
   for (size_t i = 0; i < whole_params.size(); ++i) {
     const std::string& name = whole_params[i].first;
-    const torch::Tensor& grad = split_params[i].second.grad();
+    torch::Tensor grad = split_params[i].second.grad();
+    if (sequence_parallel && grad.defined() && sequence_parallel_partial_gradient(name)) tp.all_reduce_sum(grad);
     if (!whole_params[i].second.grad().defined()) {
       EXPECT_FALSE(grad.defined() && grad.abs().sum().item<double>() != 0) << what << ": " << name;
       continue;
@@ -223,10 +227,22 @@ void expect_split_model_equals_the_whole(const ModelConfig& c, const std::string
 
 TEST(TensorParallel, DenseModelWithGroupedQueryAttentionEqualsTheWholeModel) {
   WorldGroup world;
-  expect_split_model_equals_the_whole(dense_config(world.group->size()), "dense");
+  expect_split_model_equals_the_whole(dense_config(world.group->size()), false, "dense");
+}
+
+TEST(TensorParallel, DenseModelWithSequenceParallelismEqualsTheWholeModel) {
+  WorldGroup world;
+  expect_split_model_equals_the_whole(dense_config(world.group->size()), true, "dense, sequence-parallel");
+}
+
+TEST(TensorParallel, LatentAttentionAndMoEWithSequenceParallelismEqualTheWholeModel) {
+  WorldGroup world;
+  ModelConfig c = latent_moe_config(world.group->size());
+  c.num_nextn_predict_layers = 0;  // (not with sequence parallelism yet)
+  expect_split_model_equals_the_whole(c, true, "MLA and MoE, sequence-parallel");
 }
 
 TEST(TensorParallel, LatentAttentionMoEAndMultiTokenPredictionEqualTheWholeModel) {
   WorldGroup world;
-  expect_split_model_equals_the_whole(latent_moe_config(world.group->size()), "MLA, MoE, MTP");
+  expect_split_model_equals_the_whole(latent_moe_config(world.group->size()), false, "MLA, MoE, MTP");
 }

@@ -41,6 +41,10 @@ struct ComputeOptions {
   // width, the embedding, LM head and loss by vocabulary over this group (tensor_parallel.h;
   // which parameter splits how: tensor_parallel_split in parameter_shapes.h); nullptr: whole layers.
   TensorParallelGroup* tensor_parallel = nullptr;
+  // Sequence parallelism (with tensor_parallel): between the split layers each rank holds 1/T of
+  // the sequence (norms, residuals); the layers' all-reduces become an all-gather before and a
+  // reduce-scatter after. MoE layers compute on the gathered sequence, whole on every rank.
+  bool sequence_parallel = false;
 
   SelectiveRecompute selective() const { return {recompute.mode == Recompute::kSelective, rerun_clock}; }
 };

@@ -27,16 +27,17 @@ TORCH_MODULE(RMSNorm);
 
 // The token embedding (embed_tokens): a row of `weight` per token id. Under tensor parallelism
 // each rank holds vocab / T rows, looks up the ids in its range (zeros for the others), and the
-// group sums the lookups (Megatron-LM's VocabParallelEmbedding).
+// group sums the lookups (Megatron-LM's VocabParallelEmbedding); with sequence parallelism each
+// rank keeps its part of the sequence of the sum.
 class TokenEmbeddingImpl : public torch::nn::Module {
  public:
-  TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelGroup* tp = nullptr);
+  TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelRegion tp = {});
   torch::Tensor forward(const torch::Tensor& ids);
 
   torch::Tensor weight;  // [vocab (/ T), hidden]
 
  private:
-  TensorParallelGroup* tp_;
+  TensorParallelRegion tp_;
 };
 TORCH_MODULE(TokenEmbedding);
 
@@ -66,7 +67,7 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
-  TensorParallelGroup* tp_;  // heads split over it (nullptr: all here)
+  TensorParallelRegion tp_;  // heads split over its group (none: all here)
   int64_t num_heads_, num_kv_heads_, head_dim_;  // this rank's heads
   SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
@@ -84,7 +85,7 @@ class SwiGLUImpl : public torch::nn::Module {
   torch::Tensor mlp(const torch::Tensor& x);
   SelectiveRecompute selective_;
   bool cuda_kernels_;
-  TensorParallelGroup* tp_;
+  TensorParallelRegion tp_;
   Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(SwiGLU);

@@ -55,7 +55,8 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   };
   // x → [the query's input to its up-projection (q_a_proj(x), or q_proj(x) itself), kv_a_proj(x)].
   Tensors down_project(const torch::Tensor& x);
-  // x entering this rank's heads: under tensor parallelism, where the gradients of the group's
+  // x entering this rank's heads: under tensor parallelism (without sequence parallelism, whose
+  // gather before the down-projections sums them instead) where the gradients of the group's
   // heads are summed, so that what comes before (the down-projections and their norms, whole on
   // every rank) gets the whole gradient.
   torch::Tensor to_heads(const torch::Tensor& x);
@@ -66,7 +67,7 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   // queries [B, H, S, qk]; `visible` [B or 1, 1, S, keys] (true: attended). Returns o_proj's output.
   torch::Tensor attend_latents(const torch::Tensor& query, const torch::Tensor& latent, const torch::Tensor& k_rope,
                                const torch::Tensor& visible);
-  TensorParallelGroup* tp_;  // heads split over it (nullptr: all here)
+  TensorParallelRegion tp_;  // heads split over its group (none: all here)
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;  // heads_: this rank's
   double scale_;
   SelectiveRecompute selective_;

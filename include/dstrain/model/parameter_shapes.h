@@ -32,4 +32,10 @@ c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_d
 enum class TensorParallelSplit { kWhole, kRows, kColumns };
 TensorParallelSplit tensor_parallel_split(const std::string& name);
 
+// With sequence parallelism, whether a rank's gradient of whole parameter `name` is its part only
+// (of the sequence, or of MLA's heads) and the group's must be summed (Megatron-LM's
+// sequence-parallel parameters): the norms and MLA's down-projections. The MoE layer (router,
+// experts), which computes on the gathered sequence, and the split parameters need nothing.
+bool sequence_parallel_partial_gradient(const std::string& name);
+
 }  // namespace dstrain

@@ -10,6 +10,9 @@
 //   scatter_to_sequence_parallel   forward: reduce-scatter along the sequence backward: all-gather
 //       (sequence parallelism: the all-reduces above become these pairs, and norms and residuals
 //        hold 1/T of the sequence)
+//   gather_sequence_whole          forward: all-gather along the sequence    backward: this rank's part
+//   split_sequence                 forward: this rank's part                 backward: all-gather
+//       (around a layer every rank computes whole on the gathered sequence: the MoE)
 //   vocab_parallel_cross_entropy   the next-token loss of logits split by vocabulary, from each
 //                                  shard's max and sum of exponentials: the full logits never meet
 //
@@ -45,6 +48,20 @@ torch::Tensor copy_to_tensor_parallel(const torch::Tensor& x, TensorParallelGrou
 torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, TensorParallelGroup& group);
 torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
 torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
+torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
+torch::Tensor split_sequence(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
+
+// Where a split layer's input enters its ranks and its output leaves them: with sequence
+// parallelism an all-gather of the sequence and a reduce-scatter (along dim 1 of [B, S, H], along
+// the rows of [tokens, H]), without it a copy and a sum; nothing without a group.
+struct TensorParallelRegion {
+  TensorParallelGroup* group = nullptr;
+  bool sequence_parallel = false;
+
+  explicit operator bool() const { return group != nullptr; }
+  torch::Tensor enter(const torch::Tensor& x) const;
+  torch::Tensor leave(const torch::Tensor& x) const;
+};
 
 // The mean next-token loss of `logits` [N, V / T] (this rank's vocabulary shard: ids rank × V / T
 // ... (rank + 1) × V / T - 1) for `targets` [N] (global ids, the same on every rank of the group),

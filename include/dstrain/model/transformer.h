@@ -119,7 +119,7 @@ class CausalLMImpl : public torch::nn::Module {
   LayerSlice slice_;
   bool cuda_kernels_;        // the loss's kernel (ComputeOptions::cuda_kernels)
   bool carries_embeddings_;  // stage activations are [hidden; embeddings]
-  TensorParallelGroup* tp_;  // the LM head's vocabulary split over it (nullptr: whole)
+  TensorParallelRegion tp_;  // the LM head's vocabulary split over its group (none: whole)
   DecoderStack model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };
