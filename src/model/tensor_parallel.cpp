@@ -45,53 +45,31 @@ class ReduceFromTensorParallel : public torch::autograd::Function<ReduceFromTens
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
 };
 
-class GatherFromSequenceParallel : public torch::autograd::Function<GatherFromSequenceParallel> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
-    keep_group(ctx, *group);
-    ctx->saved_data["dim"] = dim;
-    return group->all_gather(x, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).reduce_scatter(grads[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
-  }
-};
+// The sequence's four mappings: one collective or slice forward, its transpose backward.
+enum class SequenceStep : int64_t { kAllGather, kReduceScatter, kOwnPart };
 
-class ScatterToSequenceParallel : public torch::autograd::Function<ScatterToSequenceParallel> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
-    keep_group(ctx, *group);
-    ctx->saved_data["dim"] = dim;
-    return group->reduce_scatter(x, dim);
+torch::Tensor sequence_step(SequenceStep step, const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
+  switch (step) {
+    case SequenceStep::kAllGather: return group.all_gather(x, dim);
+    case SequenceStep::kReduceScatter: return group.reduce_scatter(x, dim);
+    case SequenceStep::kOwnPart: break;
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
-  }
-};
+  return x.chunk(group.size(), dim)[group.rank()].contiguous();
+}
 
-class GatherSequenceWhole : public torch::autograd::Function<GatherSequenceWhole> {
+class SequenceMapping : public torch::autograd::Function<SequenceMapping> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim,
+                               SequenceStep forward_step, SequenceStep backward_step) {
     keep_group(ctx, *group);
     ctx->saved_data["dim"] = dim;
-    return group->all_gather(x, dim);
+    ctx->saved_data["backward"] = static_cast<int64_t>(backward_step);
+    return sequence_step(forward_step, x, *group, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TensorParallelGroup& group = group_of(ctx);
-    return {grads[0].chunk(group.size(), ctx->saved_data["dim"].toInt())[group.rank()].contiguous(), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
-
-class SplitSequence : public torch::autograd::Function<SplitSequence> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallelGroup* group, int64_t dim) {
-    keep_group(ctx, *group);
-    ctx->saved_data["dim"] = dim;
-    return x.chunk(group->size(), dim)[group->rank()].contiguous();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), torch::Tensor(), torch::Tensor()};
+    const auto step = static_cast<SequenceStep>(ctx->saved_data["backward"].toInt());
+    return {sequence_step(step, grads[0], group_of(ctx), ctx->saved_data["dim"].toInt()), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -155,16 +133,16 @@ torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, TensorParallel
   return ReduceFromTensorParallel::apply(x, &group);
 }
 torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
-  return GatherFromSequenceParallel::apply(x, &group, dim);
+  return SequenceMapping::apply(x, &group, dim, SequenceStep::kAllGather, SequenceStep::kReduceScatter);
 }
 torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
-  return ScatterToSequenceParallel::apply(x, &group, dim);
+  return SequenceMapping::apply(x, &group, dim, SequenceStep::kReduceScatter, SequenceStep::kAllGather);
 }
 torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
-  return GatherSequenceWhole::apply(x, &group, dim);
+  return SequenceMapping::apply(x, &group, dim, SequenceStep::kAllGather, SequenceStep::kOwnPart);
 }
 torch::Tensor split_sequence(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
-  return SplitSequence::apply(x, &group, dim);
+  return SequenceMapping::apply(x, &group, dim, SequenceStep::kOwnPart, SequenceStep::kAllGather);
 }
 
 namespace {
