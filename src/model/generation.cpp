@@ -28,7 +28,8 @@ torch::Tensor CachedDecoder::forward(const torch::Tensor& ids, KvCache& cache) c
   return model_.ptr()->forward_cached(ids, cache);  // (LibTorch modules' forward is not const)
 }
 
-torch::Tensor CachedDecoder::decode(const torch::Tensor& ids, KvCache& cache, const std::vector<int64_t>& positions) const {
+torch::Tensor CachedDecoder::decode(const torch::Tensor& ids, KvCache& cache,
+                                   const std::vector<int64_t>& positions) const {
   torch::NoGradGuard no_grad;
   return model_.ptr()->forward_decode(ids, cache, positions);
 }
@@ -81,7 +82,8 @@ std::vector<int64_t> generate(const CachedDecoder& decoder, const std::vector<in
     const int64_t token = sample_token(logits, options, generator);
     out.push_back(token);
     if (token == options.stop_token || position >= c.max_seq_len) break;
-    logits = decoder.decode(torch::full({1, 1}, token, torch::dtype(torch::kLong).device(device)), cache, {position})[0][0];
+    const torch::Tensor next = torch::full({1, 1}, token, torch::dtype(torch::kLong).device(device));
+    logits = decoder.decode(next, cache, {position})[0][0];
     ++position;
   }
   return out;
