@@ -93,7 +93,8 @@ torch::Tensor AttentionImpl::forward_decode(const torch::Tensor& x, const RopeTa
   const int64_t batch = x.size(0);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({batch, 1, n, head_dim_}).transpose(1, 2); };
   const torch::Tensor q = apply_rope(heads(q_proj_(x), num_heads_), rope);  // [B, H, 1, d]
-  const torch::Tensor key = apply_rope(heads(k_proj_(x), num_kv_heads_), rope), value = heads(v_proj_(x), num_kv_heads_);
+  const torch::Tensor key = apply_rope(heads(k_proj_(x), num_kv_heads_), rope);
+  const torch::Tensor value = heads(v_proj_(x), num_kv_heads_);
   cache.keys.index_put_({step.rows, Slice(), step.positions}, key.select(2, 0));  // row b's at its own position
   cache.values.index_put_({step.rows, Slice(), step.positions}, value.select(2, 0));
   const torch::Tensor k = cache.keys.narrow(0, 0, batch).narrow(2, 0, step.keys);
