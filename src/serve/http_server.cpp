@@ -1,7 +1,7 @@
 #include "dstrain/serve/http_server.h"
 
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/post.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
@@ -207,20 +207,25 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
 namespace {
 
-// The handler's side of a session's exchange: each call goes to the I/O thread.
+// The handler's side of a session's exchange: each call runs on the I/O thread, at once when made
+// there, else posted to it. (Posted from the I/O thread itself, a call could run after one the
+// engine's thread posts later: Asio queues a running thread's posts apart. The events of a
+// stream would then overtake its header.)
 class HttpSessionExchange : public HttpExchange {
  public:
   HttpSessionExchange(std::shared_ptr<HttpSession> session, net::io_context& io) : session_(std::move(session)), io_(io) {}
   void respond(unsigned status, std::string json, HttpHeaders headers) override {
-    net::post(io_, [s = session_, status, json = std::move(json), headers = std::move(headers)] {
+    net::dispatch(io_, [s = session_, status, json = std::move(json), headers = std::move(headers)] {
       s->respond(status, json, headers);
     });
   }
-  void begin_events() override { net::post(io_, [s = session_] { s->begin_events(); }); }
-  void event(std::string data) override { net::post(io_, [s = session_, data = std::move(data)] { s->event(data); }); }
-  void end_events() override { net::post(io_, [s = session_] { s->end_events(); }); }
+  void begin_events() override { net::dispatch(io_, [s = session_] { s->begin_events(); }); }
+  void event(std::string data) override {
+    net::dispatch(io_, [s = session_, data = std::move(data)] { s->event(data); });
+  }
+  void end_events() override { net::dispatch(io_, [s = session_] { s->end_events(); }); }
   void on_client_gone(std::function<void()> gone) override {
-    net::post(io_, [s = session_, gone = std::move(gone)]() mutable { s->on_client_gone(std::move(gone)); });
+    net::dispatch(io_, [s = session_, gone = std::move(gone)]() mutable { s->on_client_gone(std::move(gone)); });
   }
 
  private:
