@@ -38,7 +38,7 @@ std::string json_error(unsigned status, const std::string& message, const std::s
   return error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-class HttpSession;
+class HttpConnection;
 
 struct HttpServer::State : std::enable_shared_from_this<HttpServer::State> {
   HttpOptions options;
@@ -49,16 +49,16 @@ struct HttpServer::State : std::enable_shared_from_this<HttpServer::State> {
   net::steady_timer drain_timer{io};
   bool draining = false;
   int64_t open_exchanges = 0;  // requests read and not yet answered in full
-  std::vector<std::weak_ptr<HttpSession>> sessions;
+  std::vector<std::weak_ptr<HttpConnection>> connections;
 
   void accept();
   void drain();
 };
 
 // One connection: read a request, hand it to the handler, write its answer, read the next.
-class HttpSession : public std::enable_shared_from_this<HttpSession> {
+class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpSession(tcp::socket socket, std::shared_ptr<HttpServer::State> server)
+  HttpConnection(tcp::socket socket, std::shared_ptr<HttpServer::State> server)
       : stream_(std::move(socket)), server_(std::move(server)) {}
 
   void read_request() {
@@ -207,47 +207,49 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
 namespace {
 
-// The handler's side of a session's exchange: each call runs on the I/O thread, at once when made
-// there, else posted to it. (Posted from the I/O thread itself, a call could run after one the
+// The handler's side of a connection's exchange: each call runs on the I/O thread, at once when
+// made there, else posted to it. (Posted from the I/O thread itself, a call could run after one the
 // engine's thread posts later: Asio queues a running thread's posts apart. The events of a
 // stream would then overtake its header.)
-class HttpSessionExchange : public HttpExchange {
+class ConnectionExchange : public HttpExchange {
  public:
-  HttpSessionExchange(std::shared_ptr<HttpSession> session, net::io_context& io) : session_(std::move(session)), io_(io) {}
+  ConnectionExchange(std::shared_ptr<HttpConnection> connection, net::io_context& io)
+      : connection_(std::move(connection)), io_(io) {}
   void respond(unsigned status, std::string json, HttpHeaders headers) override {
-    net::dispatch(io_, [s = session_, status, json = std::move(json), headers = std::move(headers)] {
+    net::dispatch(io_, [s = connection_, status, json = std::move(json), headers = std::move(headers)] {
       s->respond(status, json, headers);
     });
   }
-  void begin_events() override { net::dispatch(io_, [s = session_] { s->begin_events(); }); }
+  void begin_events() override { net::dispatch(io_, [s = connection_] { s->begin_events(); }); }
   void event(std::string data) override {
-    net::dispatch(io_, [s = session_, data = std::move(data)] { s->event(data); });
+    net::dispatch(io_, [s = connection_, data = std::move(data)] { s->event(data); });
   }
-  void end_events() override { net::dispatch(io_, [s = session_] { s->end_events(); }); }
+  void end_events() override { net::dispatch(io_, [s = connection_] { s->end_events(); }); }
   void on_client_gone(std::function<void()> gone) override {
-    net::dispatch(io_, [s = session_, gone = std::move(gone)]() mutable { s->on_client_gone(std::move(gone)); });
+    net::dispatch(io_, [s = connection_, gone = std::move(gone)]() mutable { s->on_client_gone(std::move(gone)); });
   }
 
  private:
-  std::shared_ptr<HttpSession> session_;
+  std::shared_ptr<HttpConnection> connection_;
   net::io_context& io_;
 };
 
 }  // namespace
 
-std::shared_ptr<HttpExchange> HttpSession::exchange() {
-  return std::make_shared<HttpSessionExchange>(shared_from_this(), server_->io);
+std::shared_ptr<HttpExchange> HttpConnection::exchange() {
+  return std::make_shared<ConnectionExchange>(shared_from_this(), server_->io);
 }
 
 void HttpServer::State::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
     if (ec) return;  // closed by the drain
-    auto session = std::make_shared<HttpSession>(std::move(socket), shared_from_this());
+    auto connection = std::make_shared<HttpConnection>(std::move(socket), shared_from_this());
     // (The list forgets closed connections as it grows.)
-    sessions.erase(std::remove_if(sessions.begin(), sessions.end(), [](const auto& s) { return s.expired(); }),
-                   sessions.end());
-    sessions.push_back(session);
-    session->read_request();
+    connections.erase(
+        std::remove_if(connections.begin(), connections.end(), [](const auto& c) { return c.expired(); }),
+        connections.end());
+    connections.push_back(connection);
+    connection->read_request();
     accept();
   });
 }
@@ -265,8 +267,8 @@ void HttpServer::State::drain() {
     });
     return;
   }
-  for (const std::weak_ptr<HttpSession>& weak : sessions)
-    if (const std::shared_ptr<HttpSession> session = weak.lock()) session->close_if_idle();
+  for (const std::weak_ptr<HttpConnection>& weak : connections)
+    if (const std::shared_ptr<HttpConnection> connection = weak.lock()) connection->close_if_idle();
   io.stop();
 }
 

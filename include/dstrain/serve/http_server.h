@@ -22,7 +22,7 @@ struct HttpRequest {
   std::string body;
 };
 
-class HttpSession;
+class HttpConnection;
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
@@ -59,7 +59,7 @@ class HttpServer {
   void run();
 
  private:
-  friend class HttpSession;  // one connection (http_server.cpp)
+  friend class HttpConnection;  // one connection (http_server.cpp)
   struct State;
   std::shared_ptr<State> state_;
 };
