@@ -14,7 +14,7 @@ torch::Tensor DecoderLayerImpl::through_norm(RMSNorm& norm, const torch::Tensor&
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, const ComputeOptions& options)
-    : selective_(options.selective()), tp_{options.tensor_parallel, options.sequence_parallel} {
+    : selective_(options.selective()) {
   if (c.is_mla())
     latent_attention_ = register_module("self_attn", MultiHeadLatentAttention(c, options));
   else
@@ -63,12 +63,7 @@ AttentionCache DecoderLayerImpl::empty_cache(int64_t batch, int64_t capacity) co
 
 torch::Tensor DecoderLayerImpl::add_mlp(const torch::Tensor& h, Pass pass) {
   return h + through_norm(post_attention_layernorm_, h, [this, pass](const torch::Tensor& normed) {
-           if (!moe_) return mlp_(normed);
-           if (!tp_ || !tp_.sequence_parallel) return moe_(normed, pass);
-           // Sequence parallelism: every rank of the group routes the whole (gathered) sequence,
-           // as without it, and keeps its part of the output.
-           TensorParallelGroup& group = *tp_.group;
-           return split_sequence(moe_(gather_sequence_whole(normed, group, 1), pass), group, 1);
+           return moe_ ? moe_(normed, pass) : mlp_(normed);
          });
 }
 

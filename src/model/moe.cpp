@@ -2,7 +2,9 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "dstrain/core/error.h"
 
@@ -72,21 +74,37 @@ Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, con
   return r;
 }
 
-torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c) {
+torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c, TensorParallelGroup* parts,
+                                    int64_t sequence_length) {
   const int64_t experts = r.scores.size(1), k = c.num_experts_per_tok;
-  const int64_t per_sequence = r.scores.size(0) / sequences;
+  const int64_t per_sequence = r.scores.size(0) / sequences;  // this rank's tokens of each
+  const int64_t length = parts ? sequence_length : per_sequence;
   // f: the share of the sequence's choices each expert got, scaled so that balance gives 1.
   torch::Tensor counts = torch::zeros({sequences, experts}, r.scores.options())
                              .scatter_add_(1, r.experts.view({sequences, per_sequence * k}),
                                            torch::ones({sequences, per_sequence * k}, r.scores.options()));
-  torch::Tensor f = counts * (static_cast<double>(experts) / static_cast<double>(k * per_sequence));
+  if (parts) parts->all_reduce_sum(counts);  // (not differentiated: the choice is not)
+  torch::Tensor f = counts * (static_cast<double>(experts) / static_cast<double>(k * length));
   torch::Tensor normalised = r.scores / r.scores.sum(-1, true);  // softmax scores already sum to 1
-  torch::Tensor p = normalised.view({sequences, per_sequence, experts}).mean(1);
+  torch::Tensor by_sequence = normalised.view({sequences, per_sequence, experts});
+  torch::Tensor p = parts ? by_sequence.sum(1) / static_cast<double>(length) : by_sequence.mean(1);
   return (f * p).sum(-1).mean() * c.aux_loss_alpha;
 }
 
+namespace {
+
+// Rank r's part of `length` positions split over `parts` ranks: the first length % parts ranks
+// take one more (the sequences multi-token prediction's depths see need not split evenly).
+std::pair<int64_t, int64_t> part_of(int64_t length, int rank, int parts) {
+  const int64_t base = length / parts, extra = length % parts;
+  return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+}  // namespace
+
 MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
     : config_(c),
+      tp_{options.tensor_parallel, options.sequence_parallel},
       local_exchange_(options.expert_exchange ? nullptr : std::make_unique<LocalExpertExchange>()),
       exchange_(options.expert_exchange ? options.expert_exchange : local_exchange_.get()),
       shard_(exchange_->shard()) {
@@ -104,18 +122,31 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
   experts_ =
       register_module("experts", GroupedExperts(shard_.size(c.n_routed_experts), shard_.first(c.n_routed_experts),
                                                 c.hidden_size, c.moe_intermediate_size, options));
-  // Split by tensor parallelism like a dense MLP; the layer computes on the whole (gathered)
-  // sequence, so never sequence-parallel inside.
-  ComputeOptions shared = options;
-  shared.sequence_parallel = false;
-  if (c.n_shared_experts > 0)
+  if (c.n_shared_experts > 0)  // split by tensor parallelism as a dense MLP is
     shared_experts_ =
-        register_module("shared_experts", SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, shared));
+        register_module("shared_experts", SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, options));
 }
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
-  const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2), k = config_.num_experts_per_tok;
-  torch::Tensor flat = x.reshape({batch * seq, hidden});
+  torch::Tensor routed;
+  if (!tp_ || tp_.sequence_parallel) {  // this rank's tokens are those it holds
+    routed = route_and_compute(x, x.size(1) * (tp_ ? tp_.group->size() : 1), pass);
+  } else {
+    // Every rank holds the whole sequence and routes its part of it. The copy's backward pass
+    // sums the group's gradients of x (each has its part's); the sum joins the parts' outputs.
+    TensorParallelGroup& group = *tp_.group;
+    const int64_t seq = x.size(1);
+    const auto [start, size] = part_of(seq, group.rank(), group.size());
+    const torch::Tensor mine = route_and_compute(copy_to_tensor_parallel(x, group).narrow(1, start, size), seq, pass);
+    auto zeros = [&](int64_t n) { return torch::zeros({x.size(0), n, x.size(2)}, mine.options()); };
+    routed = reduce_from_tensor_parallel(torch::cat({zeros(start), mine, zeros(seq - start - size)}, 1), group);
+  }
+  return shared_experts_ ? routed + shared_experts_(x) : routed;
+}
+
+torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& own, int64_t seq, Pass pass) {
+  const int64_t batch = own.size(0), tokens = own.size(1), hidden = own.size(2), k = config_.num_experts_per_tok;
+  torch::Tensor flat = own.reshape({batch * tokens, hidden});
   torch::Tensor logits = torch::nn::functional::linear(flat.to(torch::kFloat32), gate_weight_.to(torch::kFloat32));
   Routing routing = route_tokens(logits, bias_, config_);
 
@@ -133,13 +164,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
   }
   if (first_pass && shard_.count > 1) count_ranks_reached(routing.experts);
   torch::Tensor inputs = flat.index_select(0, token_of);
-  torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
-  torch::Tensor routed =
-      torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
-  torch::Tensor out = shared_experts_ ? routed + shared_experts_(flat) : routed;
-  out = out.view({batch, seq, hidden});
+  torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(own.scalar_type()).unsqueeze(1);
+  torch::Tensor out = torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
+  out = out.view({batch, tokens, hidden});
   if (is_training() && config_.aux_loss_alpha > 0) {
-    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_);
+    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_, tp_.group, seq);
     if (first_pass) {
       torch::NoGradGuard no_grad;
       balance_loss_ += balance.detach().to(balance_loss_.scalar_type());

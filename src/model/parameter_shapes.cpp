@@ -1,6 +1,7 @@
 #include "dstrain/model/parameter_shapes.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "dstrain/core/text.h"
 
@@ -91,8 +92,21 @@ TensorParallelSplit tensor_parallel_split(const std::string& name) {
   return TensorParallelSplit::kWhole;
 }
 
-bool sequence_parallel_partial_gradient(const std::string& name) {
-  return tensor_parallel_split(name) == TensorParallelSplit::kWhole && name.find(".mlp.") == std::string::npos;
+namespace {
+
+// The decoder layer's index in "model.layers.<i>...", or -1.
+int64_t layer_of(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  return std::strtoll(name.c_str() + prefix.size(), nullptr, 10);
+}
+
+}  // namespace
+
+bool tensor_parallel_partial_gradient(const std::string& name, const ModelConfig& config, bool sequence_parallel) {
+  if (name.find(".mlp.experts.") != std::string::npos || ends_with(name, ".mlp.gate.weight")) return true;
+  if (!sequence_parallel || tensor_parallel_split(name) != TensorParallelSplit::kWhole) return false;
+  return layer_of(name) < config.num_layers;  // the multi-token prediction modules hold the whole sequence
 }
 
 }  // namespace dstrain

@@ -45,7 +45,7 @@ class ReduceFromTensorParallel : public torch::autograd::Function<ReduceFromTens
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
 };
 
-// The sequence's four mappings: one collective or slice forward, its transpose backward.
+// The sequence's three mappings: one collective or slice forward, its transpose backward.
 enum class SequenceStep : int64_t { kAllGather, kReduceScatter, kOwnPart };
 
 torch::Tensor sequence_step(SequenceStep step, const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
@@ -140,9 +140,6 @@ torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, TensorParalle
 }
 torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
   return SequenceMapping::apply(x, &group, dim, SequenceStep::kAllGather, SequenceStep::kOwnPart);
-}
-torch::Tensor split_sequence(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim) {
-  return SequenceMapping::apply(x, &group, dim, SequenceStep::kOwnPart, SequenceStep::kAllGather);
 }
 
 namespace {

@@ -37,10 +37,13 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   auto layers = std::make_shared<torch::nn::Module>();
   for (int64_t i = slice.first; i < slice.last; ++i)
     layers_.push_back(layers->register_module(std::to_string(i), DecoderLayer(c, i, options)));
-  // The multi-token prediction modules follow the last layer, on the stage of the head.
+  // The multi-token prediction modules follow the last layer, on the stage of the head. Their
+  // sequences (S - k positions) need not split over a tp group: they hold the whole sequence.
+  ComputeOptions ahead = options;
+  ahead.sequence_parallel = false;
   if (slice.has_head)
     for (int64_t i = c.num_layers; i < c.num_layers + c.num_nextn_predict_layers; ++i)
-      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i, options)));
+      mtp_.push_back(layers->register_module(std::to_string(i), MultiTokenPrediction(c, i, ahead)));
   register_module("layers", layers);
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -122,8 +125,6 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const 
       cuda_kernels_(options.cuda_kernels),
       carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)),
       tp_{options.tensor_parallel, options.sequence_parallel} {
-  if (tp_ && tp_.sequence_parallel && c.num_nextn_predict_layers > 0)
-    throw std::invalid_argument("multi-token prediction does not run with sequence parallelism yet");
   model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
@@ -182,13 +183,20 @@ torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
 LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch::Tensor& tokens, bool with_mtp) {
   auto [hidden, embeddings] = hidden_and_embeddings(input);
   // (With sequence parallelism the hidden states are this rank's part of the sequence.)
-  const int64_t seq = hidden.size(1) * (tp_ && tp_.sequence_parallel ? tp_.group->size() : 1);
+  const bool sequence_parallel = tp_ && tp_.sequence_parallel;
+  const int64_t seq = hidden.size(1) * (sequence_parallel ? tp_.group->size() : 1);
   LanguageModelLosses losses;
-  losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq));
+  losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq), tp_);
   const int64_t depths = config_.num_nextn_predict_layers;
   if (!with_mtp || depths == 0) return losses;
   if (seq <= depths)
     throw std::invalid_argument("multi-token prediction needs sequences longer than num_nextn_predict_layers");
+  // The modules compute on the whole sequence (their layers are not sequence-parallel).
+  const TensorParallelRegion whole{tp_.group, false};
+  if (sequence_parallel) {
+    hidden = gather_sequence_whole(hidden, *tp_.group, 1);
+    embeddings = gather_sequence_whole(embeddings, *tp_.group, 1);
+  }
   // Depth k sees positions 0 .. S-1-k: the embedding of t_{i+k} (an input position, so the
   // first stage's embeddings hold it) and predicts t_{i+k+1}. Depth 1 starts from the main
   // model's normalised output, depth k + 1 from depth k's decoder layer output.
@@ -196,18 +204,19 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   for (int64_t k = 1; k <= depths; ++k) {
     const int64_t n = seq - k;
     hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
-    torch::Tensor loss = head_loss(model_->mtp_head_input(k, hidden), tokens.narrow(1, k + 1, n));
+    torch::Tensor loss = head_loss(model_->mtp_head_input(k, hidden), tokens.narrow(1, k + 1, n), whole);
     sum = sum.defined() ? sum + loss : loss;
   }
   losses.mtp = sum / static_cast<double>(depths);
   return losses;
 }
 
-torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets) {
-  if (!tp_) return linear_cross_entropy(hidden, lm_head_->weight, targets, 0, cuda_kernels_);
+torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets,
+                                      const TensorParallelRegion& region) {
+  if (!region) return linear_cross_entropy(hidden, lm_head_->weight, targets, 0, cuda_kernels_);
   // The head is column-parallel: its input enters as any split layer's does (the whole sequence).
-  const torch::Tensor logits = torch::matmul(tp_.enter(hidden), lm_head_->weight.t());
-  return vocab_parallel_cross_entropy(logits.flatten(0, -2), targets.flatten(), *tp_.group);
+  const torch::Tensor logits = torch::matmul(region.enter(hidden), lm_head_->weight.t());
+  return vocab_parallel_cross_entropy(logits.flatten(0, -2), targets.flatten(), *region.group);
 }
 
 torch::Tensor CausalLMImpl::forward_cached(const torch::Tensor& input, KvCache& cache) {

@@ -163,6 +163,7 @@ ModelConfig latent_moe_config(int64_t tp) {
   c.n_group = 1;
   c.topk_group = 1;
   c.num_nextn_predict_layers = 1;
+  c.aux_loss_alpha = 0.01;  // the sequence-wise balance loss, of sequences split over the ranks
   return c;
 }
 
@@ -175,8 +176,8 @@ torch::Tensor shard_of(const torch::Tensor& whole, const std::string& name, cons
   return whole;
 }
 
-// With `sequence_parallel`, the gradients of the parameters whose ranks each see a part
-// (sequence_parallel_partial_gradient) are summed over the group first, as training does.
+// The gradients of the parameters whose ranks each see a part (tensor_parallel_partial_gradient)
+// are summed over the group first, as training does.
 void expect_split_model_equals_the_whole(const ModelConfig& c, bool sequence_parallel, const std::string& what) {
   WorldGroup world;
   TensorParallelGroup& tp = *world.group;
@@ -211,7 +212,7 @@ void expect_split_model_equals_the_whole(const ModelConfig& c, bool sequence_par
   for (size_t i = 0; i < whole_params.size(); ++i) {
     const std::string& name = whole_params[i].first;
     torch::Tensor grad = split_params[i].second.grad();
-    if (sequence_parallel && grad.defined() && sequence_parallel_partial_gradient(name)) tp.all_reduce_sum(grad);
+    if (grad.defined() && tensor_parallel_partial_gradient(name, c, sequence_parallel)) tp.all_reduce_sum(grad);
     if (!whole_params[i].second.grad().defined()) {
       EXPECT_FALSE(grad.defined() && grad.abs().sum().item<double>() != 0) << what << ": " << name;
       continue;
@@ -235,11 +236,9 @@ TEST(TensorParallel, DenseModelWithSequenceParallelismEqualsTheWholeModel) {
   expect_split_model_equals_the_whole(dense_config(world.group->size()), true, "dense, sequence-parallel");
 }
 
-TEST(TensorParallel, LatentAttentionAndMoEWithSequenceParallelismEqualTheWholeModel) {
+TEST(TensorParallel, LatentAttentionMoEAndMultiTokenPredictionWithSequenceParallelismEqualTheWholeModel) {
   WorldGroup world;
-  ModelConfig c = latent_moe_config(world.group->size());
-  c.num_nextn_predict_layers = 0;  // (not with sequence parallelism yet)
-  expect_split_model_equals_the_whole(c, true, "MLA and MoE, sequence-parallel");
+  expect_split_model_equals_the_whole(latent_moe_config(world.group->size()), true, "MLA, MoE, MTP, sequence-parallel");
 }
 
 TEST(TensorParallel, LatentAttentionMoEAndMultiTokenPredictionEqualTheWholeModel) {

@@ -36,7 +36,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::Tensor through_norm(RMSNorm& norm, const torch::Tensor& x,
                              const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
   SelectiveRecompute selective_;
-  TensorParallelRegion tp_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   Attention attention_{nullptr};
   MultiHeadLatentAttention latent_attention_{nullptr};

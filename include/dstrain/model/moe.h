@@ -13,6 +13,15 @@
 // Tokens travel to their experts in batches (sorted by expert, index_select in, index_add out),
 // never one by one.
 //
+// Tensor parallelism: the shared experts are split as a dense MLP is (layers.h), the routed ones
+// are not (DeepSeek's expert tensor parallelism 1). Each rank of a tp group routes its own tokens:
+// with sequence parallelism the part of the sequence it holds, without it the tp-th part of the
+// whole sequence every rank holds, the routed outputs then summed over the group. The expert grid
+// spans the tp ranks (parallel_grid.h), so the exchange receives every token once, and a routed
+// expert's gradient on each rank is that of the tokens it computed: their sum over the experts'
+// copies (edp) is the whole batch's. The router's gradient is its rank's tokens' alone, summed over
+// the group by training (tensor_parallel_partial_gradient in parameter_shapes.h).
+//
 // Expert parallelism: a layer may hold a contiguous part of the routed experts (the shard of its
 // ExpertExchange), under their global names. It still routes its own tokens over all experts;
 // the exchange takes the rows to their experts' holders and back (expert_exchange.h).
@@ -53,7 +62,12 @@ Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, con
 // The sequence-wise balance loss of `routing` over `sequences` sequences of equal length:
 // alpha × mean over sequences of Σ_i f_i P_i, with f_i = E / (k T) × (tokens of the sequence
 // sent to expert i) and P_i the mean over its tokens of expert i's score normalised over experts.
-torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, const ModelConfig& config);
+// With `parts` (tensor parallelism), `routing` holds this rank's part of each sequence, which is
+// `sequence_length` tokens long in all: f counts the whole sequences' choices (summed over the
+// group) and P sums this rank's tokens alone, so that the group's losses add up to the whole
+// sequences' loss and each rank's gradient is its own tokens'.
+torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, const ModelConfig& config,
+                                    TensorParallelGroup* parts = nullptr, int64_t sequence_length = 0);
 
 class MoEImpl : public torch::nn::Module {
  public:
@@ -89,9 +103,13 @@ class MoEImpl : public torch::nn::Module {
   // expert(row) for the (token, choice) rows `inputs`, sorted by expert (`counts` of each, on the
   // device), computed by the experts' holders (here, or across the exchange).
   torch::Tensor routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts);
+  // Routes and computes `own` [B, S', hidden], the tokens this rank routes: the routed experts'
+  // output for them; the balance loss of the whole sequences (`seq` tokens) attached.
+  torch::Tensor route_and_compute(const torch::Tensor& own, int64_t seq, Pass pass);
   void count_ranks_reached(const torch::Tensor& chosen);
 
   ModelConfig config_;
+  TensorParallelRegion tp_;
   std::unique_ptr<ExpertExchange> local_exchange_;  // without one handed in
   ExpertExchange* exchange_;
   ExpertShard shard_;

@@ -32,10 +32,13 @@ c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_d
 enum class TensorParallelSplit { kWhole, kRows, kColumns };
 TensorParallelSplit tensor_parallel_split(const std::string& name);
 
-// With sequence parallelism, whether a rank's gradient of whole parameter `name` is its part only
-// (of the sequence, or of MLA's heads) and the group's must be summed (Megatron-LM's
-// sequence-parallel parameters): the norms and MLA's down-projections. The MoE layer (router,
-// experts), which computes on the gathered sequence, and the split parameters need nothing.
-bool sequence_parallel_partial_gradient(const std::string& name);
+// Under tensor parallelism, whether a rank's gradient of parameter `name` is its part only and the
+// group's must be summed: the routed experts' and the router's, each rank routing its own tokens
+// (moe.h; the experts' reduction over edp, which spans the tp ranks, sums theirs), and with
+// sequence parallelism every whole parameter of the main model's layers (norms, MLA's
+// down-projections: Megatron-LM's sequence-parallel parameters), which see the rank's part of the
+// sequence or, after the gather, its heads' share of the gradient. The multi-token prediction
+// modules compute on the whole sequence, so only their routers' are partial.
+bool tensor_parallel_partial_gradient(const std::string& name, const ModelConfig& config, bool sequence_parallel);
 
 }  // namespace dstrain

@@ -11,8 +11,8 @@
 //       (sequence parallelism: the all-reduces above become these pairs, and norms and residuals
 //        hold 1/T of the sequence)
 //   gather_sequence_whole          forward: all-gather along the sequence    backward: this rank's part
-//   split_sequence                 forward: this rank's part                 backward: all-gather
-//       (around a layer every rank computes whole on the gathered sequence: the MoE)
+//       (from sequence parallelism into layers every rank computes on the whole sequence:
+//        multi-token prediction's, whose shorter sequences need not split evenly)
 //   vocab_parallel_cross_entropy   the next-token loss of logits split by vocabulary, from each
 //                                  shard's max and sum of exponentials: the full logits never meet
 //
@@ -49,7 +49,6 @@ torch::Tensor reduce_from_tensor_parallel(const torch::Tensor& x, TensorParallel
 torch::Tensor gather_from_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
 torch::Tensor scatter_to_sequence_parallel(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
 torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
-torch::Tensor split_sequence(const torch::Tensor& x, TensorParallelGroup& group, int64_t dim);
 
 // Where a split layer's input enters its ranks and its output leaves them: with sequence
 // parallelism an all-gather of the sequence and a reduce-scatter (along dim 1 of [B, S, H], along

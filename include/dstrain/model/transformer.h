@@ -112,8 +112,9 @@ class CausalLMImpl : public torch::nn::Module {
   // when nothing needs them. Then the slice's layers.
   std::pair<torch::Tensor, torch::Tensor> hidden_and_embeddings(const torch::Tensor& input);
   // The mean loss of the LM head's logits of `hidden` against `targets` (vocabulary-parallel under
-  // tensor parallelism: the full logits are never gathered).
-  torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& targets);
+  // tensor parallelism, `hidden` entering as `region` says: the full logits are never gathered).
+  torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& targets,
+                          const TensorParallelRegion& region);
 
   ModelConfig config_;
   LayerSlice slice_;
