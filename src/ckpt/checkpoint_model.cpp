@@ -81,7 +81,8 @@ std::vector<std::string> checkpoint_config_arguments(const std::string& config_t
   return args;
 }
 
-void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params) {
+void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params,
+                           const TensorParallelPlacement& placement) {
   torch::NoGradGuard no_grad;
   for (const auto& [name, param] : params) {
     const std::string dataset = "model/" + name;
@@ -89,10 +90,14 @@ void load_model_parameters(const CheckpointReader& reader, const NamedTensors& p
     if (!info)
       throw Error(ExitCode::kCheckpoint, reader.path() + ": no dataset /" + dataset +
                                              ": a checkpoint of another model (compare `dstrain ckpt inspect`)");
-    if (info->shape != param.sizes().vec())
+    const TensorPart part = placement.of(name);
+    std::vector<int64_t> whole = param.sizes().vec();
+    if (!part.whole()) whole.at(static_cast<size_t>(part.dim)) *= part.parts;
+    if (info->shape != whole)
       throw Error(ExitCode::kCheckpoint, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) +
-                                             ", the model expects " + shape_text(param.sizes().vec()));
-    param.copy_(reader.read(dataset));
+                                             ", the model expects " + shape_text(whole));
+    const torch::Tensor values = reader.read(dataset);
+    param.copy_(part.whole() ? values : values.narrow(part.dim, part.index * param.size(part.dim), param.size(part.dim)));
   }
 }
 

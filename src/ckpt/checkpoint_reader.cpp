@@ -163,6 +163,9 @@ torch::Tensor CheckpointReader::read_range(const std::string& name, int64_t offs
   std::string problem;
   const std::vector<ChecksumPiece> pieces = checksum_pieces(info->checksum, elements, &problem);
   if (!problem.empty()) throw Error(kCode, at + ": the data do not match the checksum (" + problem + ")");
+  // Blocks of rows (tensor parallelism's column blocks) interleave: read whole, every piece checked.
+  if (std::any_of(pieces.begin(), pieces.end(), [](const ChecksumPiece& p) { return p.block(); }))
+    return read(name).reshape({-1}).narrow(0, offset, count);
   // The pieces that hold the range, and the span of the dataset they cover.
   auto first = std::find_if(pieces.begin(), pieces.end(), [&](const ChecksumPiece& p) { return p.offset + p.count > offset; });
   auto last = std::find_if(first, pieces.end(), [&](const ChecksumPiece& p) { return p.offset >= offset + count; });

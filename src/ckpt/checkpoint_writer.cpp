@@ -154,7 +154,8 @@ double CheckpointWriter::begin(int64_t step, const NamedTensors& datasets, const
     if (static_cast<int>(writer) == replicas_.rank())
       job_.mine.push_back({datasets[i].first, host_copy(datasets[i].second), datasets[i].second.sizes().vec(), 0});
   }
-  for (const DatasetPiece& piece : owned) job_.mine.push_back({piece.name, host_copy(piece.values), piece.shape, piece.offset});
+  for (const DatasetPiece& piece : owned)
+    job_.mine.push_back({piece.name, host_copy(piece.values), piece.shape, piece.offset, piece.rows, piece.stride});
 
   // Rank 0 keeps every rank's generator state.
   const std::vector<std::string> states = world_.all_gather_strings(
@@ -225,11 +226,20 @@ void CheckpointWriter::write_share() {
       for (const DatasetPiece& piece : job_.mine) {
         const torch::Tensor& t = piece.values;
         const char* data = static_cast<const char*>(t.data_ptr());
-        const uint64_t at = job_.offsets.at(piece.name) + static_cast<uint64_t>(piece.offset) * t.element_size();
-        write_all(fd, data, t.nbytes(), at, job_.tmp_path + ": writing /" + piece.name);
+        const uint64_t element = t.element_size(), row_bytes = t.nbytes() / static_cast<uint64_t>(piece.rows);
+        for (int64_t r = 0; r < piece.rows; ++r) {
+          const uint64_t first = static_cast<uint64_t>(piece.offset + r * piece.stride);
+          write_all(fd, data + static_cast<uint64_t>(r) * row_bytes, row_bytes,
+                    job_.offsets.at(piece.name) + first * element, job_.tmp_path + ": writing /" + piece.name);
+        }
         const uint64_t hash = xxh64(data, t.nbytes());
         const bool whole = piece.offset == 0 && t.numel() == c10::multiply_integers(piece.shape);
-        job_.checksums[piece.name] = whole ? hex64(hash) : piece_checksum(piece.offset, t.numel(), hash);
+        const std::string record =
+            whole ? hex64(hash)
+            : piece.rows > 1 ? block_checksum(piece.offset, t.numel() / piece.rows, piece.rows, piece.stride, hash)
+                             : piece_checksum(piece.offset, t.numel(), hash);
+        std::string& checksums = job_.checksums[piece.name];  // (a rank may write several pieces of one)
+        checksums += (checksums.empty() ? "" : ",") + record;
       }
       if (::fsync(fd) != 0) throw Error(kCode, job_.tmp_path + ": fsync: " + std::strerror(errno));
     } catch (...) {
@@ -276,7 +286,12 @@ void CheckpointWriter::complete() {
   for (const std::string& text : world_.all_gather_strings(mine)) {
     for (size_t at = 0; at < text.size();) {
       const size_t tab = text.find('\t', at), end = text.find('\n', at);
-      records[text.substr(at, tab - at)].push_back(text.substr(tab + 1, end - tab - 1));
+      std::vector<std::string>& pieces = records[text.substr(at, tab - at)];
+      for (size_t piece = tab + 1; piece < end;) {  // a rank's pieces of one dataset, one by one
+        const size_t comma = std::min(text.find(',', piece), end);
+        pieces.push_back(text.substr(piece, comma - piece));
+        piece = comma + 1;
+      }
       at = end + 1;
     }
   }

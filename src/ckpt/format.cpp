@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <utility>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/xxhash.h"
@@ -183,6 +185,11 @@ std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash) {
   return std::to_string(offset) + "+" + std::to_string(count) + ":" + hex64(hash);
 }
 
+std::string block_checksum(int64_t offset, int64_t width, int64_t rows, int64_t stride, uint64_t hash) {
+  return std::to_string(offset) + "+" + std::to_string(width) + "x" + std::to_string(rows) + "/" +
+         std::to_string(stride) + ":" + hex64(hash);
+}
+
 std::string join_piece_checksums(std::vector<std::string> pieces) {
   std::sort(pieces.begin(), pieces.end(), [](const std::string& a, const std::string& b) {
     return std::stoll(a) < std::stoll(b);
@@ -192,36 +199,74 @@ std::string join_piece_checksums(std::vector<std::string> pieces) {
   return joined;
 }
 
+namespace {
+
+// "OFFSET+COUNT" or "OFFSET+WIDTHxROWS/STRIDE" (before the colon) into `piece`; false if unreadable.
+bool parse_extent(const std::string& text, ChecksumPiece& piece) {
+  const size_t plus = text.find('+'), times = text.find('x'), slash = text.find('/');
+  if (plus == std::string::npos || plus == 0) return false;
+  try {
+    size_t used = 0;
+    piece.offset = std::stoll(text.substr(0, plus), &used);
+    if (used != plus) return false;
+    if (times == std::string::npos) {
+      piece.count = std::stoll(text.substr(plus + 1), &used);
+      return used == text.size() - plus - 1;
+    }
+    if (slash == std::string::npos || times < plus || slash < times) return false;
+    const int64_t width = std::stoll(text.substr(plus + 1, times - plus - 1));
+    piece.rows = std::stoll(text.substr(times + 1, slash - times - 1));
+    piece.stride = std::stoll(text.substr(slash + 1));
+    piece.count = width * piece.rows;
+    return width >= 0 && piece.rows >= 1 && piece.stride >= width;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 std::vector<ChecksumPiece> checksum_pieces(const std::string& recorded, int64_t elements, std::string* problem) {
   if (recorded.find(':') == std::string::npos) return {{0, elements, recorded}};
   std::vector<ChecksumPiece> pieces;
-  int64_t covered = 0;  // the pieces, in order, must tile the dataset
+  std::vector<std::pair<int64_t, int64_t>> runs;  // every row of every piece: (first element, count)
   for (size_t at = 0; at < recorded.size();) {
     const size_t end = std::min(recorded.find(',', at), recorded.size());
-    const std::string piece = recorded.substr(at, end - at);
-    const size_t plus = piece.find('+'), colon = piece.find(':');
-    if (plus == std::string::npos || colon == std::string::npos || colon < plus) {
-      *problem = "an unreadable checksum record \"" + piece + "\"";
+    const std::string text = recorded.substr(at, end - at);
+    const size_t colon = text.find(':');
+    ChecksumPiece piece;
+    if (colon == std::string::npos || !parse_extent(text.substr(0, colon), piece) || piece.count < 0) {
+      *problem = "an unreadable checksum record \"" + text + "\"";
       return {};
     }
-    const int64_t offset = std::stoll(piece.substr(0, plus)), count = std::stoll(piece.substr(plus + 1, colon - plus - 1));
-    if (offset != covered || count < 0 || offset + count > elements) break;
-    pieces.push_back({offset, count, piece.substr(colon + 1)});
-    covered += count;
+    piece.hash = text.substr(colon + 1);
+    const int64_t width = piece.count / piece.rows;
+    for (int64_t r = 0; r < piece.rows; ++r) runs.emplace_back(piece.offset + r * piece.stride, width);
+    pieces.push_back(std::move(piece));
     at = end + 1;
+  }
+  // The rows, in order, must tile the dataset.
+  std::sort(runs.begin(), runs.end());
+  int64_t covered = 0;
+  for (const auto& [first, count] : runs) {
+    if (first != covered || first + count > elements) break;
+    covered += count;
   }
   if (covered != elements) {
     *problem = "its pieces do not cover it (elements " + std::to_string(covered) + " onwards)";
     return {};
   }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ChecksumPiece& a, const ChecksumPiece& b) { return a.offset < b.offset; });
   return pieces;
 }
 
 std::string piece_mismatch(const char* bytes, int64_t element_size, const ChecksumPiece& piece) {
   const std::string actual = hex64(xxh64(bytes, static_cast<size_t>(piece.count * element_size)));
   if (actual == piece.hash) return "";
-  return "elements " + std::to_string(piece.offset) + "+" + std::to_string(piece.count) + ": xxh64 " + actual +
-         ", recorded " + piece.hash;
+  return "elements " + std::to_string(piece.offset) + "+" + std::to_string(piece.count) +
+         (piece.block() ? " in " + std::to_string(piece.rows) + " rows" : "") + ": xxh64 " + actual + ", recorded " +
+         piece.hash;
 }
 
 std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded) {
@@ -232,8 +277,18 @@ std::string checksum_mismatch(const torch::Tensor& values, const std::string& re
   }
   std::string problem;
   const int64_t element = static_cast<int64_t>(values.element_size());
+  const torch::Tensor flat = values.reshape({-1});
   for (const ChecksumPiece& piece : checksum_pieces(recorded, values.numel(), &problem)) {
-    const std::string mismatch = piece_mismatch(bytes + piece.offset * element, element, piece);
+    std::string mismatch;
+    if (piece.block()) {  // its rows, gathered in order
+      const torch::Tensor rows =
+          flat.as_strided({piece.rows, piece.count / piece.rows}, {piece.stride, 1},
+                          flat.storage_offset() + piece.offset)
+              .contiguous();
+      mismatch = piece_mismatch(static_cast<const char*>(rows.data_ptr()), element, piece);
+    } else {
+      mismatch = piece_mismatch(bytes + piece.offset * element, element, piece);
+    }
     if (!mismatch.empty()) return mismatch;
   }
   return problem;

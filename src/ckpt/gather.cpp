@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "dstrain/model/moe.h"
+#include "dstrain/model/parameter_shapes.h"
 
 namespace dstrain {
 namespace {
@@ -72,34 +76,67 @@ void receive_stage(MpiCommunicator& world, int source, NamedTensors* out) {
 
 namespace {
 
-// What `rank` sends: its replicated parameters when it is the first of their replicas, its
-// routed experts when it is the first of theirs.
+// What `rank` sends: its replicated parameters when it is the first of their replicas (the whole
+// ones only when it is also the first of its tp group; every rank of which sends its blocks of
+// the split ones), its routed experts when it is the first of theirs.
 struct Share {
-  bool replicated, experts;
-  bool any() const { return replicated || experts; }
+  bool whole, split, experts;
+  bool any() const { return whole || split || experts; }
+  bool sends(const std::string& name) const {
+    if (is_routed_expert_parameter(name)) return experts;
+    return tensor_parallel_split(name) == TensorParallelSplit::kWhole ? whole : split;
+  }
 };
 Share share_of(const ParallelGrid& grid, int rank) {
-  return {grid.rank_in(Group::kDpCp, rank) == 0, grid.rank_in(Group::kEdp, rank) == 0};
+  const bool first_copy = grid.rank_in(Group::kDpCp, rank) == 0;
+  return {first_copy && grid.rank_in(Group::kTp, rank) == 0, first_copy, grid.rank_in(Group::kEdp, rank) == 0};
+}
+
+// The tensor-parallel blocks of each split parameter joined in tp order; `blocks` by tp rank.
+NamedTensors joined(NamedTensors whole, std::map<std::string, std::map<int, torch::Tensor>>& blocks) {
+  for (auto& [name, by_rank] : blocks) {
+    std::vector<torch::Tensor> in_order;
+    for (auto& [tp_rank, block] : by_rank) in_order.push_back(block);
+    const int64_t dim = tensor_parallel_split(name) == TensorParallelSplit::kRows ? 0 : 1;
+    whole.emplace_back(name, torch::cat(in_order, dim));
+  }
+  return whole;
 }
 
 }  // namespace
 
 NamedTensors gather_parameters(const NamedTensors& local, MpiCommunicator& world, const ParallelGrid& grid) {
-  NamedTensors all;
+  const bool split = grid.size(Group::kTp) > 1;
   if (world.rank() == 0) {  // the first of every set of replicas
-    for (const auto& [name, t] : local) all.emplace_back(name, t.detach().to(torch::kCPU));
-    for (int rank = 1; rank < grid.world(); ++rank)
-      if (share_of(grid, rank).any()) receive_stage(world, rank, &all);
+    NamedTensors all;
+    std::map<std::string, std::map<int, torch::Tensor>> blocks;
+    auto take = [&](int rank, NamedTensors stage) {
+      for (auto& [name, t] : stage)
+        if (split && tensor_parallel_split(name) != TensorParallelSplit::kWhole)
+          blocks[name][grid.rank_in(Group::kTp, rank)] = std::move(t);
+        else
+          all.emplace_back(name, std::move(t));
+    };
+    NamedTensors own;
+    for (const auto& [name, t] : local) own.emplace_back(name, t.detach().to(torch::kCPU));
+    take(0, std::move(own));
+    for (int rank = 1; rank < grid.world(); ++rank) {
+      if (!share_of(grid, rank).any()) continue;
+      NamedTensors stage;
+      receive_stage(world, rank, &stage);
+      take(rank, std::move(stage));
+    }
+    all = joined(std::move(all), blocks);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     return all;
   }
   const Share share = share_of(grid, world.rank());
-  if (!share.any()) return all;
+  if (!share.any()) return {};
   NamedTensors mine;
   for (const auto& named : local)
-    if (is_routed_expert_parameter(named.first) ? share.experts : share.replicated) mine.push_back(named);
+    if (share.sends(named.first)) mine.push_back(named);
   send_stage(world, mine, 0);
-  return all;
+  return {};
 }
 
 }  // namespace dstrain

@@ -3,6 +3,8 @@
 #include "dstrain/ckpt/training_checkpoint.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <utility>
 
 #include "dstrain/core/error.h"
 
@@ -16,28 +18,89 @@ std::string master_dataset(const std::string& name) { return "optim/" + name + "
 std::string exp_avg_dataset(const std::string& name) { return "optim/" + name + "/exp_avg"; }
 std::string exp_avg_sq_dataset(const std::string& name) { return "optim/" + name + "/exp_avg_sq"; }
 
-// This rank's part of a dataset of `state`'s parameter, shaped as its master.
-torch::Tensor read_part(const CheckpointReader& reader, const std::string& dataset, const OptimizerStateView& state) {
-  return reader.read_range(dataset, state.offset, state.master.numel()).view(state.master.sizes());
+// The whole tensor's shape, of which `local` is `part`.
+std::vector<int64_t> whole_shape(std::vector<int64_t> local, const TensorPart& part) {
+  if (!part.whole()) local.at(static_cast<size_t>(part.dim)) *= part.parts;
+  return local;
+}
+
+// The pieces of the whole dataset that elements [offset, offset + flat.numel()) of a rank's
+// tensor (of shape `local`, `part` of the whole) are: one run of elements, or for a block of
+// columns its partial first and last rows and the whole rows between (a block of rows).
+std::vector<DatasetPiece> place(const std::string& dataset, const torch::Tensor& flat,
+                                const std::vector<int64_t>& local, int64_t offset, const TensorPart& part) {
+  const std::vector<int64_t> shape = whole_shape(local, part);
+  if (part.dim != 1) {
+    const int64_t first = part.whole() ? 0 : part.index * c10::multiply_integers(local);
+    return {{dataset, flat, shape, first + offset}};
+  }
+  const int64_t width = local.at(1), row = shape.at(1), first_column = part.index * width;
+  const int64_t trailing = c10::multiply_integers(local.begin() + 2, local.end());  // (none: 2-D)
+  if (trailing != 1) throw std::invalid_argument(dataset + ": a block of columns of a tensor of more than 2 dimensions");
+  auto at = [&](int64_t local_element) { return local_element / width * row + first_column + local_element % width; };
+  std::vector<DatasetPiece> pieces;
+  for (int64_t taken = 0, n = flat.numel(); taken < n;) {
+    const int64_t element = offset + taken, in_row = element % width;
+    const int64_t rows = in_row == 0 ? (n - taken) / width : 0;
+    const int64_t count = rows > 0 ? rows * width : std::min(width - in_row, n - taken);
+    pieces.push_back({dataset, flat.narrow(0, taken, count), shape, at(element), std::max<int64_t>(rows, 1), row});
+    taken += count;
+  }
+  return pieces;
+}
+
+// This rank's part of a dataset of `state`'s parameter (elements [offset, offset + numel) of its
+// `part` of the whole), shaped as its master.
+torch::Tensor read_part(const CheckpointReader& reader, const std::string& dataset, const OptimizerStateView& state,
+                        const TensorPart& part) {
+  const int64_t count = state.master.numel();
+  torch::Tensor values;
+  if (part.dim == 1) {  // a block of columns: read whole (reader.read_range)
+    const int64_t width = state.full_shape.at(1);
+    values = reader.read(dataset).narrow(1, part.index * width, width).contiguous().reshape({-1});
+    values = values.narrow(0, state.offset, count);
+  } else {
+    const int64_t first = part.whole() ? 0 : part.index * c10::multiply_integers(state.full_shape);
+    values = reader.read_range(dataset, first + state.offset, count);
+  }
+  return values.view(state.master.sizes());
+}
+
+// Throws naming the file and dataset when `info` is missing or not the whole of `full_shape`'s `part`.
+void check_dataset(const CheckpointReader& reader, const std::string& dataset,
+                   const CheckpointReader::DatasetInfo* info, const std::vector<int64_t>& full_shape,
+                   const TensorPart& part, const std::string& what) {
+  if (!info) throw Error(kCode, reader.path() + ": /" + dataset + " is missing (a checkpoint of another model?)");
+  const std::vector<int64_t> shape = whole_shape(full_shape, part);
+  if (info->shape != shape)
+    throw Error(kCode, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) + "; this model's " +
+                           what + " has " + shape_text(shape));
 }
 
 }  // namespace
 
 CheckpointContents checkpoint_contents(const NamedTensors& params, const std::vector<OptimizerStateView>& optimizer,
-                                       bool sharded) {
+                                       bool sharded, const TensorParallelPlacement& placement) {
   CheckpointContents contents;
-  for (const auto& [name, param] : params) contents.replicated.emplace_back(model_dataset(name), param);
+  // A tensor the data-parallel replicas hold alike: shared among them when whole, written by
+  // their first when a part. `pieces`: this rank's alone (ZeRO-1's shards).
+  auto add = [&](const std::string& dataset, const torch::Tensor& tensor, const std::vector<int64_t>& local,
+                 int64_t offset, const TensorPart& part, bool alike) {
+    if (part.whole() ? !placement.writes_whole : alike && !placement.writes_replicated_parts) return;
+    if (part.whole() && alike) {
+      contents.replicated.emplace_back(dataset, tensor);
+      return;
+    }
+    for (DatasetPiece& piece : place(dataset, tensor.reshape({-1}), local, offset, part))
+      contents.owned.push_back(std::move(piece));
+  };
+  for (const auto& [name, param] : params) add(model_dataset(name), param, param.sizes().vec(), 0, placement.of(name), true);
   for (const OptimizerStateView& s : optimizer) {
     std::vector<std::pair<std::string, torch::Tensor>> state;
     if (!s.master.is_same(s.param)) state.emplace_back(master_dataset(s.name), s.master);
     state.emplace_back(exp_avg_dataset(s.name), s.exp_avg);
     state.emplace_back(exp_avg_sq_dataset(s.name), s.exp_avg_sq);
-    for (auto& [name, tensor] : state) {
-      if (sharded)
-        contents.owned.push_back({name, tensor.reshape({-1}), s.full_shape, s.offset});
-      else
-        contents.replicated.emplace_back(name, tensor);
-    }
+    for (auto& [name, tensor] : state) add(name, tensor, s.full_shape, s.offset, placement.of(s.name), !sharded);
   }
   return contents;
 }
@@ -63,32 +126,27 @@ std::string weight_dataset(const CheckpointReader& reader, const std::string& na
 }
 
 void load_training_tensors(const CheckpointReader& reader, const std::vector<OptimizerStateView>& optimizer,
-                           const NamedTensors& params) {
+                           const NamedTensors& params, const TensorParallelPlacement& placement) {
   torch::NoGradGuard no_grad;
   for (const auto& [name, param] : params) {
     if (param.requires_grad()) continue;  // the optimizer's, below
-    const CheckpointReader::DatasetInfo* info = reader.find(model_dataset(name));
-    if (!info) throw Error(kCode, reader.path() + ": /model/" + name + " is missing (a checkpoint of another model?)");
-    if (info->shape != param.sizes().vec())
-      throw Error(kCode, reader.path() + ": /model/" + name + " has another shape than this model's");
-    param.copy_(reader.read(model_dataset(name)));
+    const std::string dataset = model_dataset(name);
+    check_dataset(reader, dataset, reader.find(dataset), param.sizes().vec(), placement.of(name), name);
+    param.copy_(reader.read(dataset));
   }
   for (const OptimizerStateView& s : optimizer) {
-    for (const std::string& name : {model_dataset(s.name), exp_avg_dataset(s.name), exp_avg_sq_dataset(s.name)}) {
-      const CheckpointReader::DatasetInfo* info = reader.find(name);
-      if (!info) throw Error(kCode, reader.path() + ": /" + name + " is missing (a checkpoint of another model?)");
-      if (info->shape != s.full_shape)
-        throw Error(kCode, reader.path() + ": /" + name + " has another shape than this model's " + s.name);
-    }
+    const TensorPart part = placement.of(s.name);
+    for (const std::string& name : {model_dataset(s.name), exp_avg_dataset(s.name), exp_avg_sq_dataset(s.name)})
+      check_dataset(reader, name, reader.find(name), s.full_shape, part, s.name);
     // This rank's part only (the pieces of the file that hold it, each checked).
-    s.master.copy_(read_part(reader, weight_dataset(reader, s.name), s));
-    s.exp_avg.copy_(read_part(reader, exp_avg_dataset(s.name), s));
-    s.exp_avg_sq.copy_(read_part(reader, exp_avg_sq_dataset(s.name), s));
+    s.master.copy_(read_part(reader, weight_dataset(reader, s.name), s, part));
+    s.exp_avg.copy_(read_part(reader, exp_avg_dataset(s.name), s, part));
+    s.exp_avg_sq.copy_(read_part(reader, exp_avg_sq_dataset(s.name), s, part));
   }
 }
 
 void load_master_weights(const CheckpointReader& reader, const std::vector<OptimizerStateView>& optimizer,
-                         const NamedTensors& params) {
+                         const NamedTensors& params, const TensorParallelPlacement& placement) {
   torch::NoGradGuard no_grad;
   // The dataset to read `name` from, checked against the shape of the model's parameter.
   auto source = [&](const std::string& name, const std::vector<int64_t>& shape) {
@@ -97,15 +155,13 @@ void load_master_weights(const CheckpointReader& reader, const std::vector<Optim
     if (!info)
       throw Error(kCode, reader.path() + ": no dataset /model/" + name +
                              ": the weights of another model (compare `dstrain ckpt inspect`)");
-    if (info->shape != shape)
-      throw Error(kCode, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) + "; this model's " +
-                             name + " has " + shape_text(shape));
+    check_dataset(reader, dataset, info, shape, placement.of(name), name);
     return dataset;
   };
   for (const auto& [name, param] : params)
     if (!param.requires_grad()) param.copy_(reader.read(source(name, param.sizes().vec())));
-  for (const OptimizerStateView& s : optimizer)  // this rank's part only (ZeRO-1)
-    s.master.copy_(read_part(reader, source(s.name, s.full_shape), s));
+  for (const OptimizerStateView& s : optimizer)  // this rank's part only (ZeRO-1, tensor parallelism)
+    s.master.copy_(read_part(reader, source(s.name, s.full_shape), s, placement.of(s.name)));
 }
 
 }  // namespace dstrain

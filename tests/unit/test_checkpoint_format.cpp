@@ -1,11 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dstrain/ckpt/checkpoint_writer.h"
 #include "dstrain/ckpt/format.h"
 #include "dstrain/ckpt/model_shape.h"
+#include "dstrain/ckpt/training_checkpoint.h"
+#include "dstrain/core/xxhash.h"
 #include "dstrain/core/h5.h"
 #include "test_util.h"
 
@@ -152,4 +156,48 @@ TEST(CheckpointFormat, ModelShapesCompareKeyByKey) {
   model.hidden_size = 64;
   EXPECT_EQ(model_shape_difference(here, model_shape_text(model)), "model.hidden_size = 32 there, 64 here");
   EXPECT_EQ(model_shape_difference("vocab_size = 256\n", here), "model.hidden_size = ? there, 32 here");
+}
+
+// Tensor parallelism's blocks of columns, with ZeRO-1's shards of them: each rank's elements become
+// pieces of the whole dataset (runs and blocks of rows), which together tile it, and whose
+// checksums find a changed element.
+TEST(CheckpointFormat, BlocksOfColumnsTileTheDatasetAndAreChecksummed) {
+  const torch::Tensor whole = torch::arange(24, torch::kFloat32).view({4, 6});
+  std::vector<dstrain::DatasetPiece> pieces;
+  for (int64_t index : {0, 1}) {
+    const torch::Tensor mine = whole.narrow(1, index * 3, 3).contiguous();  // [4, 3]
+    for (const auto& [offset, count] : {std::pair<int64_t, int64_t>{0, 2}, {2, 7}, {9, 3}}) {  // ZeRO-1's shards
+      dstrain::OptimizerStateView state{"w", mine, mine, mine, mine, {4, 3}, offset};
+      state.master = mine.view({-1}).narrow(0, offset, count);
+      state.exp_avg = state.exp_avg_sq = state.master;
+      dstrain::TensorParallelPlacement placement;
+      placement.part = [index](const std::string&) { return dstrain::TensorPart{1, index, 2}; };
+      for (const dstrain::DatasetPiece& piece : dstrain::checkpoint_contents({}, {state}, true, placement).owned)
+        if (piece.name == "optim/w/exp_avg") pieces.push_back(piece);
+    }
+  }
+  std::vector<std::string> records;
+  torch::Tensor rebuilt = torch::full({24}, -1.0f);
+  for (const dstrain::DatasetPiece& piece : pieces) {
+    EXPECT_EQ(piece.shape, (std::vector<int64_t>{4, 6}));
+    const int64_t width = piece.values.numel() / piece.rows;
+    for (int64_t r = 0; r < piece.rows; ++r)
+      rebuilt.narrow(0, piece.offset + r * piece.stride, width).copy_(piece.values.narrow(0, r * width, width));
+    const uint64_t hash = dstrain::xxh64(piece.values.data_ptr(), piece.values.nbytes());
+    records.push_back(piece.rows > 1 ? dstrain::block_checksum(piece.offset, width, piece.rows, piece.stride, hash)
+                                     : dstrain::piece_checksum(piece.offset, width, hash));
+  }
+  EXPECT_TRUE(torch::equal(rebuilt, whole.view({-1})));
+  EXPECT_TRUE(std::any_of(pieces.begin(), pieces.end(), [](const auto& p) { return p.rows > 1; }));
+  const std::string recorded = dstrain::join_piece_checksums(records);
+  std::string problem;
+  EXPECT_EQ(dstrain::checksum_pieces(recorded, 24, &problem).size(), records.size()) << problem;
+  EXPECT_EQ(dstrain::checksum_mismatch(whole, recorded), "");
+  torch::Tensor damaged = whole.clone();
+  damaged[1][4] = 100.0f;  // in rank 1's block of columns, inside a block of two rows
+  EXPECT_NE(dstrain::checksum_mismatch(damaged, recorded).find("rows"), std::string::npos);
+  // Pieces that overlap, or leave a gap, do not tile the dataset.
+  records.push_back(dstrain::block_checksum(0, 3, 2, 6, 0));
+  EXPECT_TRUE(dstrain::checksum_pieces(dstrain::join_piece_checksums(records), 24, &problem).empty());
+  EXPECT_NE(problem.find("do not cover"), std::string::npos);
 }

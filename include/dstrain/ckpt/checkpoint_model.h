@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstrain/ckpt/checkpoint_reader.h"
+#include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/parallel/parallel_config.h"
 
@@ -31,9 +32,11 @@ ParallelConfig checkpoint_layout(const std::string& config_text);
 // generation choose a layout and a device of their own.
 std::vector<std::string> checkpoint_config_arguments(const std::string& config_text);
 
-// Copies the checkpoint's /model/<name> into each parameter (converting to its dtype and device).
-// Throws Error(kCheckpoint) naming the file and the tensor when one is missing or has another
-// shape (a checkpoint of another model).
-void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params);
+// Copies the checkpoint's /model/<name> into each parameter (converting to its dtype and device),
+// or under tensor parallelism the parameter's block of it (`placement`). Throws Error(kCheckpoint)
+// naming the file and the tensor when one is missing or has another shape (a checkpoint of
+// another model).
+void load_model_parameters(const CheckpointReader& reader, const NamedTensors& params,
+                           const TensorParallelPlacement& placement = {});
 
 }  // namespace dstrain

@@ -48,7 +48,7 @@ class CheckpointReader {
   // Elements [offset, offset + count) of the dataset flattened (a ZeRO-1 rank's shard): only the
   // pieces it was written in (format version 2) that hold them are read and checked against
   // their checksums, so that ranks resuming a sharded optimizer together read the file about
-  // once, not once each. A dataset checksummed whole is read whole.
+  // once, not once each. A dataset checksummed whole, or in blocks of rows, is read whole.
   torch::Tensor read_range(const std::string& name, int64_t offset, int64_t count) const;
   // Reads every dataset; the names of those whose data do not match their checksum.
   std::vector<std::string> verify() const;

@@ -33,14 +33,17 @@ struct RetentionPolicy {
 std::vector<std::string> checkpoints_to_remove(const std::vector<std::string>& present, const RetentionPolicy& policy,
                                                int64_t current_step);
 
-// A part of a dataset that this rank alone holds (ZeRO-1's optimizer shards): the elements
-// [offset, offset + values.numel()) of the flattened dataset of `shape`. The ranks' pieces of a
-// dataset together cover it; each is checksummed on its own (format.h).
+// A part of a dataset that this rank alone holds (ZeRO-1's optimizer shards, tensor parallelism's
+// blocks): the elements [offset, offset + values.numel()) of the flattened dataset of `shape`,
+// or with `rows` > 1 that many rows of values.numel() / rows elements, `stride` apart from
+// `offset` (a block of columns). The ranks' pieces of a dataset together cover it; each is
+// checksummed on its own (format.h).
 struct DatasetPiece {
   std::string name;
   torch::Tensor values;
   std::vector<int64_t> shape;
   int64_t offset = 0;
+  int64_t rows = 1, stride = 0;
 };
 
 class CheckpointWriter {

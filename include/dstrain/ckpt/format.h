@@ -8,8 +8,11 @@
 // Every dataset carries its XXH64 checksum as the attribute "xxh64": of all its bytes
 // ("0123456789abcdef"), or, for a dataset written in pieces by several ranks (ZeRO-1's optimizer
 // shards), of each piece: "OFFSET+COUNT:HASH,..." in elements of the flattened dataset, the
-// pieces covering it exactly (format version 2). The file names the format and its version. bf16 and fp16 are stored as 16-bit HDF5 floating-point types, which h5dump
-// and h5py read as numbers.
+// pieces covering it exactly (format version 2). A piece may also be a block of rows of equal
+// width, "OFFSET+WIDTHxROWS/STRIDE:HASH": elements OFFSET + r × STRIDE ... + WIDTH - 1 for r <
+// ROWS, hashed in that order (tensor parallelism's column blocks; format version 3). The file
+// names the format and its version. bf16 and fp16 are stored as 16-bit HDF5 floating-point types,
+// which h5dump and h5py read as numbers.
 #pragma once
 
 #include "dstrain/core/torch_api.h"
@@ -24,7 +27,8 @@
 namespace dstrain {
 
 constexpr const char* kCheckpointFormat = "dstrain-checkpoint";
-constexpr uint64_t kCheckpointFormatVersion = 2;  // 1: no piecewise checksums; still read
+// 1: no piecewise checksums, 2: no blocks of rows; both still read
+constexpr uint64_t kCheckpointFormatVersion = 3;
 constexpr const char* kChecksumAttribute = "xxh64";
 
 // Everything but the tensors: what a resumed run continues from and checks against.
@@ -82,16 +86,22 @@ CheckpointState read_checkpoint_state(hid_t file, const std::string& path);
 // The checksum record of one piece of a dataset written in pieces, "OFFSET+COUNT:HASH"; pieces
 // records join with commas (join_piece_checksums sorts them by offset).
 std::string piece_checksum(int64_t offset, int64_t count, uint64_t hash);
+// The record of a block of `rows` rows of `width` elements, `stride` apart.
+std::string block_checksum(int64_t offset, int64_t width, int64_t rows, int64_t stride, uint64_t hash);
 std::string join_piece_checksums(std::vector<std::string> pieces);
 // "" when `values` (the whole dataset, as stored) match the recorded checksum; else what differs.
 std::string checksum_mismatch(const torch::Tensor& values, const std::string& recorded);
 
-// One checksummed piece of a dataset: elements [offset, offset + count) of it flattened.
+// One checksummed piece of a dataset: elements [offset, offset + count) of it flattened, or a
+// block of `rows` rows of count / rows elements, `stride` apart, from `offset`.
 struct ChecksumPiece {
   int64_t offset = 0, count = 0;
   std::string hash;  // 16 hex digits
+  int64_t rows = 1, stride = 0;
+
+  bool block() const { return rows > 1; }
 };
-// The pieces a recorded checksum describes, in order, tiling the `elements` of the dataset (one
+// The pieces a recorded checksum describes, by offset, tiling the `elements` of the dataset (one
 // piece for a whole-dataset record). Empty, with `problem` set, when the record is unreadable or
 // its pieces do not tile the dataset.
 std::vector<ChecksumPiece> checksum_pieces(const std::string& recorded, int64_t elements, std::string* problem);

@@ -21,20 +21,39 @@ namespace dstrain {
 struct OptimizerStateView {
   std::string name;  // the parameter's global name
   torch::Tensor param, master, exp_avg, exp_avg_sq;  // master is param itself for fp32 models
-  std::vector<int64_t> full_shape;  // of the parameter; the tensors may be a shard of it ...
+  std::vector<int64_t> full_shape;  // of the rank's parameter; the tensors may be a shard of it ...
   int64_t offset = 0;               // ... starting at this element of the flattened parameter
+};
+
+// Where a rank's tensor of a parameter lies in the whole one: all of it, or under tensor
+// parallelism the index-th of `parts` equal blocks of rows (dim 0) or of columns (dim 1).
+struct TensorPart {
+  int64_t dim = -1;  // -1: the whole tensor
+  int64_t index = 0, parts = 1;
+
+  bool whole() const { return dim < 0; }
+};
+
+// Tensor parallelism in a checkpoint: each parameter's part by global name, and which of the
+// ranks holding the same tensors write them.
+struct TensorParallelPlacement {
+  std::function<TensorPart(const std::string&)> part;  // empty: every tensor whole
+  bool writes_whole = true;         // the whole tensors (the tp group's first rank, with its replicas)
+  bool writes_replicated_parts = true;  // the blocks the data-parallel replicas hold alike (their first)
+
+  TensorPart of(const std::string& name) const { return part ? part(name) : TensorPart{}; }
 };
 
 // "model/<name>" (the parameter as the model holds it; `params`), "optim/<name>/master"
 // (bf16/fp16 models), "optim/<name>/exp_avg", "optim/<name>/exp_avg_sq" for every state of
 // `optimizer`: whole when the data-parallel ranks hold the same state, as pieces of the whole
-// datasets when `sharded` (ZeRO-1).
+// datasets when `sharded` (ZeRO-1) or split by tensor parallelism (`placement`).
 struct CheckpointContents {
   NamedTensors replicated;
   std::vector<DatasetPiece> owned;
 };
 CheckpointContents checkpoint_contents(const NamedTensors& params, const std::vector<OptimizerStateView>& optimizer,
-                                       bool sharded);
+                                       bool sharded, const TensorParallelPlacement& placement = {});
 
 // A checkpoint of a model alone, written whole by one process (an import, ckpt.save_final's
 // final_model.h5): the parameters `names`, each asked of `source` by name and stored as
@@ -56,13 +75,13 @@ std::string weight_dataset(const CheckpointReader& reader, const std::string& na
 // (MoE's balancing bias: those of `params` without requires_grad) from "model/<name>". Throws
 // Error(kCheckpoint) naming the file and dataset when one is missing or has another shape.
 void load_training_tensors(const CheckpointReader& reader, const std::vector<OptimizerStateView>& optimizer,
-                           const NamedTensors& params);
+                           const NamedTensors& params, const TensorParallelPlacement& placement = {});
 
 // A new run from a checkpoint's model alone: this rank's part of each master from the
 // checkpoint's weight_dataset, and the parameters the optimizer does not update from
 // "model/<name>"; the moments are left as they are. Throws Error(kCheckpoint) naming the file and
 // the tensor when one is missing or has another shape.
 void load_master_weights(const CheckpointReader& reader, const std::vector<OptimizerStateView>& optimizer,
-                         const NamedTensors& params);
+                         const NamedTensors& params, const TensorParallelPlacement& placement = {});
 
 }  // namespace dstrain
