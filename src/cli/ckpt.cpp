@@ -59,9 +59,10 @@ int inspect(const CheckpointReader& r) {
               static_cast<unsigned long long>(s.tokens), static_cast<unsigned long long>(s.optimizer_steps));
   const ParallelConfig layout = checkpoint_layout(s.config);
   const std::string experts = layout.ep > 1 ? " (experts over ep " + std::to_string(layout.ep) + ")" : "";
-  std::printf("  written by %llu ranks: dp %llu x pp %llu%s, schedule %s, %llu chunk(s) per stage, layers per virtual "
-              "stage %s\n",
-              static_cast<unsigned long long>(s.world_size), static_cast<unsigned long long>(s.dp),
+  const std::string tensors = layout.tp > 1 ? "tp " + std::to_string(layout.tp) + " x " : "";
+  std::printf("  written by %llu ranks: %sdp %llu x pp %llu%s, schedule %s, %llu chunk(s) per stage, layers per "
+              "virtual stage %s\n",
+              static_cast<unsigned long long>(s.world_size), tensors.c_str(), static_cast<unsigned long long>(s.dp),
               static_cast<unsigned long long>(s.pp), experts.c_str(), s.schedule.c_str(),
               static_cast<unsigned long long>(s.virtual_stages), s.stage_layers.c_str());
   std::printf("  global batch %llu x %llu tokens; corpus %s (fingerprint %s, tokenizer %s)\n",

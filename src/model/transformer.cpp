@@ -239,7 +239,22 @@ void sort_by_name(std::vector<std::pair<std::string, torch::Tensor>>& params) {
 
 }  // namespace
 
-void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed) {
+namespace {
+
+// Which dimension of a parameter tensor parallelism splits (-1: none).
+int64_t split_dimension(const std::string& name) {
+  switch (tensor_parallel_split(name)) {
+    case TensorParallelSplit::kRows: return 0;
+    case TensorParallelSplit::kColumns: return 1;
+    case TensorParallelSplit::kWhole: break;
+  }
+  return -1;
+}
+
+}  // namespace
+
+void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed,
+                           const TensorParallelGroup* tensor_parallel) {
   torch::NoGradGuard no_grad;
   const double output_std = config.init_std / std::sqrt(2.0 * config.num_layers);
   for (auto& [name, param] : sorted_parameters(model)) {
@@ -253,8 +268,12 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
     }
     bool output = ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight");
     auto generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, hash_string(name)));
-    torch::Tensor values = torch::empty(param.sizes(), torch::kFloat32);
+    const int64_t split = tensor_parallel ? split_dimension(name) : -1;
+    std::vector<int64_t> shape = param.sizes().vec();
+    if (split >= 0) shape[static_cast<size_t>(split)] *= tensor_parallel->size();
+    torch::Tensor values = torch::empty(shape, torch::kFloat32);
     values.normal_(0.0, output ? output_std : config.init_std, generator);
+    if (split >= 0) values = values.narrow(split, tensor_parallel->rank() * param.size(split), param.size(split));
     param.copy_(values);
   }
 }

@@ -3,9 +3,11 @@
 namespace dstrain {
 
 MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group,
-                           const ModelConfig& model, int64_t micro_batches, const torch::Device& device)
+                           Communicator& sequence_parts, const ModelConfig& model, int64_t micro_batches,
+                           const torch::Device& device)
     : layers_(std::move(layers)),
       token_group_(token_group),
+      sequence_parts_(sequence_parts),
       experts_(model.n_routed_experts),
       bias_update_speed_(model.bias_update_speed),
       reports_balance_loss_(model.aux_loss_alpha > 0),
@@ -38,6 +40,7 @@ void MoeBalancing::after_step(const torch::Tensor& skipped) {
                                moe->routed_tokens().reshape({1})}));
   torch::Tensor all = torch::stack(rows);
   token_group_.all_reduce(all, ReduceOp::kSum);
+  if (sequence_parts_.size() > 1) sequence_parts_.all_reduce(all, ReduceOp::kSum);
   const torch::Tensor loads = all.narrow(1, 0, experts_);
   for (size_t i = 0; i < layers_.size(); ++i)
     layers_[i].second->update_bias(loads[static_cast<int64_t>(i)], bias_update_speed_, skipped);

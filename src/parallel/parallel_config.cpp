@@ -1,12 +1,19 @@
 #include "dstrain/parallel/parallel_config.h"
 
 #include "dstrain/core/error.h"
+#include "dstrain/model/model_config.h"
 #include "dstrain/parallel/parallel_grid.h"
 
 namespace dstrain {
 
 void add_parallel_options(OptionTable& t) {
-  t.add("parallel.tp", OptionKind::kInt, "1", "tensor-parallel ranks (1: tensor parallelism is not available yet)");
+  t.add("parallel.tp", OptionKind::kInt, "1",
+        "tensor-parallel ranks: each layer's heads, FFN width and vocabulary split over them (Megatron-LM's "
+        "column- and row-parallel products); must divide model.num_heads, num_kv_heads, intermediate_size, the "
+        "shared experts' width and vocab_size");
+  t.add("parallel.sequence_parallel", OptionKind::kBool, "true",
+        "with parallel.tp > 1: norms and residuals hold 1/tp of the sequence, the split layers' all-reduces "
+        "becoming an all-gather and a reduce-scatter (train.seq_len must then split over tp)");
   t.add("parallel.cp", OptionKind::kInt, "1", "context-parallel ranks (1: context parallelism is not available yet)");
   t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / (tp × cp × pp))");
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
@@ -44,9 +51,10 @@ void add_comm_options(OptionTable& t) {
 
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
-  for (const auto& [key, what] : {std::pair{"parallel.tp", "tensor"}, std::pair{"parallel.cp", "context"}})
-    if (o.get_int(key, 1, INT32_MAX) > 1)
-      throw config_error(key, o.raw(key), std::string(what) + " parallelism is not available yet; use 1");
+  if (o.get_int("parallel.cp", 1, INT32_MAX) > 1)
+    throw config_error("parallel.cp", o.raw("parallel.cp"), "context parallelism is not available yet; use 1");
+  c.tp = static_cast<int>(o.get_int("parallel.tp", 1, INT32_MAX));
+  c.sequence_parallel = c.tp > 1 && o.get_bool("parallel.sequence_parallel");
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
   int64_t dp = o.get_int("parallel.dp", 0, INT32_MAX);
   if (dp == 0) {
@@ -82,6 +90,28 @@ void check_expert_parallelism(const ParallelConfig& c, int64_t routed_experts) {
     throw config_error("parallel.ep", std::to_string(c.ep),
                        "must divide model.n_routed_experts = " + std::to_string(routed_experts) +
                            ", so that every expert-parallel rank holds as many experts");
+}
+
+void check_tensor_parallelism(const ParallelConfig& c, const ModelConfig& model, int64_t seq_len) {
+  if (c.tp == 1) return;
+  auto must_divide = [&](const std::string& key, int64_t value) {
+    if (value % c.tp != 0)
+      throw config_error("parallel.tp", std::to_string(c.tp), "must divide " + key + " = " + std::to_string(value));
+  };
+  must_divide("model.num_heads", model.num_heads);
+  if (!model.is_mla()) must_divide("model.num_kv_heads", model.num_kv_heads);
+  must_divide("model.vocab_size", model.vocab_size);
+  bool dense_layers = false;
+  for (int64_t layer = 0; layer < model.num_layers + model.num_nextn_predict_layers; ++layer)
+    dense_layers = dense_layers || !model.is_moe_layer(layer);
+  if (dense_layers) must_divide("model.intermediate_size", model.intermediate_size);
+  if (model.n_routed_experts > 0 && model.n_shared_experts > 0)
+    must_divide("the shared experts' width (model.moe_intermediate_size × n_shared_experts)",
+                model.moe_intermediate_size * model.n_shared_experts);
+  if (c.sequence_parallel && seq_len % c.tp != 0)
+    throw config_error("parallel.tp", std::to_string(c.tp),
+                       "must divide train.seq_len = " + std::to_string(seq_len) +
+                           " under sequence parallelism (or set parallel.sequence_parallel = false)");
 }
 
 const EnumNames<Backend>& backend_names() {

@@ -259,7 +259,7 @@ void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Acti
         break;
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad:
-        t.tensor = torch::empty({shape_.micro_batch, shape_.seq_len, activation_width_},
+        t.tensor = torch::empty({shape_.micro_batch, activation_positions(), activation_width_},
                                 torch::dtype(shape_.dtype).device(device));
         receives.emplace_back(key, a.kind == ActionKind::kRecvActivation);
         break;

@@ -58,7 +58,8 @@ CheckpointEvaluation evaluate_checkpoint(Options options, const std::string& che
   // This stage's chunks of the model, as training would hold them on this layout; this stage's
   // tensors only: a damaged one is found by this rank alone.
   const RankStage stage = build_rank_stage(c, parallel, job.placement.device, Initialization::kNone);
-  agreed_phase(job.world_rank, [&] { load_model_parameters(*reader, stage.parameters()); });
+  agreed_phase(job.world_rank,
+               [&] { load_model_parameters(*reader, stage.parameters(), tensor_parallel_placement(parallel)); });
   const LoaderOptions loader = rank_loader_options(c, parallel, job.placement.device);
 
   CheckpointEvaluation result;

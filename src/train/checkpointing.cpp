@@ -28,15 +28,17 @@ std::vector<OptimizerStateView> state_views(const AdamW& optimizer, int64_t firs
 
 // The parameters and optimizer state, experts written by their first holder.
 CheckpointContents model_and_optimizer_contents(const NamedTensors& params, const AdamW& optimizer,
-                                                ModelGradients& grads, int64_t first_expert) {
+                                                ModelGradients& grads, int64_t first_expert,
+                                                const TensorParallelPlacement& placement) {
   const std::vector<OptimizerStateView> states = state_views(optimizer, first_expert);
-  if (!grads.experts()) return checkpoint_contents(params, states, grads.replicated().sharded());
+  if (!grads.experts()) return checkpoint_contents(params, states, grads.replicated().sharded(), placement);
   NamedTensors replicated_params, expert_params;
   for (const auto& named : params) (is_routed_expert_parameter(named.first) ? expert_params : replicated_params).push_back(named);
   std::vector<OptimizerStateView> replicated_states, expert_states;
   for (const OptimizerStateView& view : states)
     (is_routed_expert_parameter(view.name) ? expert_states : replicated_states).push_back(view);
-  CheckpointContents contents = checkpoint_contents(replicated_params, replicated_states, grads.replicated().sharded());
+  CheckpointContents contents =
+      checkpoint_contents(replicated_params, replicated_states, grads.replicated().sharded(), placement);
   const CheckpointContents experts = checkpoint_contents(expert_params, expert_states, grads.experts()->sharded());
   // What the experts' holders each have whole is written once; the shards by their owners.
   if (grads.writes_experts())
@@ -88,8 +90,8 @@ std::string differences(const std::map<std::string, std::string>& theirs, const 
 }  // namespace
 
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads,
-                                       int64_t first_expert) {
-  CheckpointContents contents = model_and_optimizer_contents(params, optimizer, grads, first_expert);
+                                       int64_t first_expert, const TensorParallelPlacement& placement) {
+  CheckpointContents contents = model_and_optimizer_contents(params, optimizer, grads, first_expert, placement);
   // Each rank's carried quantization error (8-bit gradients with error feedback), by itself.
   for (const auto& [name, tensor] : grads.error_feedback()) contents.owned.push_back({name, tensor, tensor.sizes().vec(), 0});
   return contents;
@@ -155,15 +157,15 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 }
 
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
-                     int64_t first_expert) {
-  load_training_tensors(reader, state_views(optimizer, first_expert), params);
+                     int64_t first_expert, const TensorParallelPlacement& placement) {
+  load_training_tensors(reader, state_views(optimizer, first_expert), params, placement);
   optimizer.load_masters();
   optimizer.set_step_count(static_cast<int64_t>(reader.state().optimizer_steps));
 }
 
 void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
-                  int64_t first_expert) {
-  load_master_weights(reader, state_views(optimizer, first_expert), params);
+                  int64_t first_expert, const TensorParallelPlacement& placement) {
+  load_master_weights(reader, state_views(optimizer, first_expert), params, placement);
   optimizer.load_masters();
 }
 

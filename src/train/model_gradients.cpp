@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include <set>
+#include <utility>
 
 #include "dstrain/model/moe.h"
 #include "dstrain/optim/gradients.h"
@@ -32,14 +33,19 @@ ParameterSet select(const NamedTensors& params, const std::vector<torch::Tensor>
 }  // namespace
 
 ModelGradients::ModelGradients(const NamedTensors& params, const std::vector<torch::Tensor>& use_order,
-                               GradientReduction reduction, const GradientGroups& groups)
-    : groups_(groups) {
+                               GradientReduction reduction, const GradientGroups& groups,
+                               TensorParallelParameters tensor_parallel)
+    : groups_(groups), tensor_parallel_(std::move(tensor_parallel)) {
   reduction.group = &groups.dense;
-  if (&groups.experts == &groups.dense) {  // the same holders: one buffer
+  const bool split = groups.tensor_parallel.size() > 1;
+  const ParameterSet replicated = select(params, use_order, false), experts = select(params, use_order, true);
+  if (split)
+    for (const auto& [name, p] : replicated.params)
+      if (tensor_parallel_.partial_gradient(name)) partial_.emplace_back(name, p);
+  if (experts.params.empty() || (&groups.experts == &groups.dense && !split)) {  // the same holders: one buffer
     replicated_ = std::make_unique<GradientBuffer>(params, use_order, reduction);
     return;
   }
-  const ParameterSet replicated = select(params, use_order, false), experts = select(params, use_order, true);
   replicated_ = std::make_unique<GradientBuffer>(replicated.params, replicated.use_order, reduction);
   reduction.group = &groups.experts;
   reduction.divide_sum_by = groups.dense.size();
@@ -54,16 +60,48 @@ void ModelGradients::zero() {
 void ModelGradients::reduce() {
   replicated_->reduce();
   if (experts_) experts_->reduce();
+  if (!partial_.empty()) sum_partial_gradients();
+}
+
+// In one all-reduce: the gradients are small (norms, routers, MLA's down-projections). (Under
+// ZeRO-1 the parts of them outside this rank's shard are stale, and summing them is harmless.)
+void ModelGradients::sum_partial_gradients() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& named : partial_) grads.push_back(named.second.grad().reshape({-1}));
+  torch::Tensor flat = torch::cat(grads);
+  groups_.tensor_parallel.all_reduce(flat, ReduceOp::kSum);
+  int64_t at = 0;
+  for (const auto& named : partial_) {
+    torch::Tensor grad = named.second.grad();
+    grad.copy_(flat.narrow(0, at, grad.numel()).view_as(grad));
+    at += grad.numel();
+  }
+}
+
+torch::Tensor ModelGradients::tensor_parallel_squares() {
+  torch::NoGradGuard no_grad;
+  const bool counts_whole = groups_.tensor_parallel.rank() == 0;
+  torch::Tensor squares = torch::zeros({1}, replicated_->flat().options());
+  for (const ParameterShard& shard : replicated_->shards())
+    if (counts_whole || tensor_parallel_.split(shard.name)) squares += shard.grad.pow(2).sum();
+  if (Communicator* shards = replicated_->shard_group()) shards->all_reduce(squares, ReduceOp::kSum);
+  groups_.tensor_parallel.all_reduce(squares, ReduceOp::kSum);
+  return squares;
 }
 
 torch::Tensor ModelGradients::global_norm() {
   Communicator* stages = &groups_.stages;
-  if (!experts_) return global_grad_norm(*replicated_, stages);
+  const bool split = groups_.tensor_parallel.size() > 1;
+  if (!experts_ && !split) return global_grad_norm(*replicated_, stages);
   torch::NoGradGuard no_grad;
-  // The experts of the other ranks of the expert-parallel group are the rest of the layer's.
-  torch::Tensor expert_squares = squared_grad_norm(*experts_);
-  groups_.expert_parallel.all_reduce(expert_squares, ReduceOp::kSum);
-  torch::Tensor squares = squared_grad_norm(*replicated_) + expert_squares;
+  torch::Tensor squares = split ? tensor_parallel_squares() : squared_grad_norm(*replicated_);
+  if (experts_) {
+    // The experts of the other ranks of the expert-parallel group are the rest of the layer's.
+    torch::Tensor expert_squares = squared_grad_norm(*experts_);
+    groups_.expert_parallel.all_reduce(expert_squares, ReduceOp::kSum);
+    squares = squares + expert_squares;
+  }
   if (stages->size() > 1) stages->all_reduce(squares, ReduceOp::kSum);
   return squares.sqrt().reshape({});
 }

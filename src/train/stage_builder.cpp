@@ -6,6 +6,8 @@
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/model/grouped_matmul.h"
+#include "dstrain/model/parameter_shapes.h"
+#include "dstrain/parallel/tensor_parallel_collectives.h"
 #include "dstrain/pipeline/partition.h"
 
 namespace dstrain {
@@ -103,6 +105,12 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
     rank.expert_exchange = std::make_unique<ExpertAllToAll>(expert_groups, c.loop.fp8 == Fp8Recipe::kBlockwise);
     options.expert_exchange = rank.expert_exchange.get();
   }
+  Communicator& tp = parallel.group(Group::kTp);
+  if (tp.size() > 1) {
+    rank.tensor_parallel = std::make_unique<TensorParallelCollectives>(tp);
+    options.tensor_parallel = rank.tensor_parallel.get();
+    options.sequence_parallel = c.parallel.sequence_parallel;
+  }
   const ScheduleKind schedule = c.pipeline.schedule;
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
@@ -113,7 +121,8 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
     CausalLM model(c.model, rank.slices[training.virtual_stage(stage, chunk)], options);
-    if (initialization == Initialization::kFromSeed) initialize_parameters(*model, c.model, c.run.seed);
+    if (initialization == Initialization::kFromSeed)
+      initialize_parameters(*model, c.model, c.run.seed, options.tensor_parallel);
     model->to(device);
     cast_parameters(*model, dtype);
     chunks.push_back(model);
@@ -122,9 +131,28 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   Schedule evaluation = make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches, training.v_shape);
   rank.executor = std::make_unique<PipelineExecutor>(
       std::move(training), std::move(evaluation), stage, *rank.model, *rank.weight_gradients, stages,
-      ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device});
+      ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device,
+                      c.parallel.sequence_parallel ? c.loop.seq_len / tp.size() : 0});
   if (c.pipeline.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
   return rank;
+}
+
+TensorParallelPlacement tensor_parallel_placement(const ParallelContext& parallel) {
+  const Communicator& tp = parallel.group(Group::kTp);
+  if (tp.size() == 1) return {};
+  TensorParallelPlacement placement;
+  const int64_t index = tp.rank(), parts = tp.size();
+  placement.part = [index, parts](const std::string& name) {
+    switch (tensor_parallel_split(name)) {
+      case TensorParallelSplit::kRows: return TensorPart{0, index, parts};
+      case TensorParallelSplit::kColumns: return TensorPart{1, index, parts};
+      case TensorParallelSplit::kWhole: break;
+    }
+    return TensorPart{};
+  };
+  placement.writes_whole = tp.rank() == 0;
+  placement.writes_replicated_parts = parallel.group(Group::kDpCp).rank() == 0;
+  return placement;
 }
 
 PipelineExecutor::BatchSource step_batches(DataLoader& loader, int64_t micro_batches, const torch::Device& device) {

@@ -87,7 +87,7 @@ void TrainState::resume_from(const std::string& path) {
   check_resumable(reader, {config.model, model_shape_text(config.model), config.data.train, corpus_fingerprint_,
                            static_cast<uint64_t>(config.loop.global_batch), static_cast<uint64_t>(config.loop.seq_len),
                            parts_.config_text, config.loop.steps});
-  load_checkpoint(reader, *parts_.optimizer, parts_.params, parts_.first_expert);
+  load_checkpoint(reader, *parts_.optimizer, parts_.params, parts_.first_expert, parts_.placement);
   parts_.grads->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   if (parts_.loss_scaler && state.loss_scale > 0)
     parts_.loss_scaler->restore(state.loss_scale, state.loss_scale_clean_steps, state.skipped_steps);
@@ -105,14 +105,15 @@ void TrainState::resume_from(const std::string& path) {
   start_step_ = state.step;
   consumed_samples_ = static_cast<int64_t>(state.consumed_samples);
   log::info("resuming from ", path, ": after step ", state.step, ", ", state.consumed_samples,
-            " samples consumed; written by dp ", state.dp, " × pp ", state.pp,
+            " samples consumed; written by ", theirs.tp > 1 ? "tp " + std::to_string(theirs.tp) + " × " : "", "dp ",
+            state.dp, " × pp ", state.pp,
             theirs.ep > 1 ? " (experts over ep " + std::to_string(theirs.ep) + ")" : "", " (", state.schedule, ")",
             same_layout ? "" : ", continuing on this layout");
 }
 
 void TrainState::start_from_weights(const std::string& path) {
   CheckpointReader reader(path);
-  load_weights(reader, *parts_.optimizer, parts_.params, parts_.first_expert);
+  load_weights(reader, *parts_.optimizer, parts_.params, parts_.first_expert, parts_.placement);
   parts_.grads->gather_parameters();  // ZeRO-1: each rank loaded its shard of the weights
   log::info("starting from the weights of ", path, " (its step ", reader.state().step,
             "): fresh optimizer state, step 0");
@@ -152,7 +153,8 @@ bool TrainState::save_due(int64_t step) const {
 }
 
 void TrainState::save(int64_t step) {
-  CheckpointContents contents = checkpoint_contents(parts_.params, *parts_.optimizer, *parts_.grads, parts_.first_expert);
+  CheckpointContents contents =
+      checkpoint_contents(parts_.params, *parts_.optimizer, *parts_.grads, parts_.first_expert, parts_.placement);
   const double blocked =
       checkpoints_->begin(step, contents.replicated, contents.owned, capture(step), default_generator_state());
   char text[96];

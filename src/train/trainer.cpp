@@ -19,6 +19,7 @@
 #include "dstrain/optim/adamw.h"
 #include "dstrain/optim/gradients.h"
 #include "dstrain/optim/lr_schedule.h"
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/optim/moe_balancing.h"
 #include "dstrain/train/evaluation.h"
 #include "dstrain/train/guards.h"
@@ -132,19 +133,25 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
   grads_ = std::make_unique<ModelGradients>(
       trainable, use_order, gradient_reduction(c),
       GradientGroups{parallel_.group(Group::kDpCp), parallel_.group(Group::kEdp), parallel_.group(Group::kEp),
-                     parallel_.group(Group::kPp), parallel_.world_rank()});
+                     parallel_.group(Group::kPp), parallel_.group(Group::kTp), parallel_.world_rank()},
+      TensorParallelParameters{
+          [](const std::string& name) { return tensor_parallel_split(name) != TensorParallelSplit::kWhole; },
+          [&c](const std::string& name) {
+            return tensor_parallel_partial_gradient(name, c.model, c.parallel.sequence_parallel);
+          }});
   optimizer_ = std::make_unique<AdamW>(
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
-    auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), parallel_.group(Group::kDpCp), c.model,
-                                                    c.loop.grad_accum, device);
+    auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), parallel_.group(Group::kDpCp),
+                                                    parallel_.group(Group::kTp), c.model, c.loop.grad_accum, device);
     balancing_ = balancing.get();
     post_step_hooks_.push_back(std::move(balancing));
   }
   schedule_ = {c.optim.lr, c.optim.min_lr, c.optim.warmup_steps, c.optim.decay_steps};
   plan_ = run_plan(c, parallel_, placement_);
   state_ = std::make_unique<TrainState>(TrainStateParts{&c, config_text_, &train_data_, stage_.layers_per_virtual_stage(),
-                                                        params_, stage_.first_expert(c.model), optimizer_.get(),
+                                                        params_, stage_.first_expert(c.model),
+                                                        tensor_parallel_placement(parallel_), optimizer_.get(),
                                                         grads_.get(), guards_.loss_scaler()},
                                         parallel_);
   state_->restore(resume, weights);

@@ -1,5 +1,6 @@
 #include "e2e_util.h"
 
+#include "dstrain/ckpt/parameter_file.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/h5.h"
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 namespace dstrain::e2e {
@@ -181,6 +183,37 @@ void flip_a_byte(const std::string& file, const std::string& dataset) {
   io.get(byte);
   io.seekp(static_cast<std::streamoff>(offset + size / 2));
   io.put(static_cast<char>(byte ^ 0x10));
+}
+
+void expect_same_losses(const std::string& dir, const std::string& reference, size_t steps,
+                        const std::vector<std::string>& keys) {
+  const std::vector<nlohmann::json> mine = train_records(dir), theirs = train_records(reference);
+  ASSERT_EQ(mine.size(), steps) << dir;
+  std::map<int64_t, nlohmann::json> by_step;
+  for (const auto& record : theirs) by_step[record["step"].get<int64_t>()] = record;
+  for (const auto& record : mine) {
+    const int64_t step = record["step"].get<int64_t>();
+    ASSERT_TRUE(by_step.count(step)) << "step " << step;
+    for (const std::string& key : keys)
+      EXPECT_NEAR(record[key].get<double>(), by_step[step][key].get<double>(), 1e-5) << key << " at step " << step;
+  }
+}
+
+void expect_same_parameters(const std::string& dir, const std::string& reference) {
+  const NamedTensors a = read_parameter_file(dir + "/final_model.h5");
+  const NamedTensors b = read_parameter_file(reference + "/final_model.h5");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    ASSERT_EQ(a[i].second.sizes(), b[i].second.sizes()) << a[i].first;
+    EXPECT_LT((a[i].second - b[i].second).abs().max().item<float>(), 1e-5) << a[i].first;
+  }
+}
+
+std::string checkpoint_file(const std::string& run_dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/checkpoints/step_%08d.h5", step);
+  return run_dir + name;
 }
 
 }  // namespace dstrain::e2e

@@ -46,16 +46,6 @@ void expect_same_losses(const std::string& reference, const std::string& run, si
   }
 }
 
-void expect_same_parameters(const std::string& reference, const std::string& run) {
-  dstrain::NamedTensors a = dstrain::read_parameter_file(reference + "/final_model.h5");
-  dstrain::NamedTensors b = dstrain::read_parameter_file(run + "/final_model.h5");
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first);
-    EXPECT_LT((a[i].second - b[i].second).abs().max().item<float>(), 1e-5) << run << ": " << a[i].first;
-  }
-}
-
 // The unsharded run on one rank, once per test process.
 const std::string& unsharded() {
   static std::string dir = [] {

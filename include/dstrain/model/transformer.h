@@ -129,8 +129,10 @@ TORCH_MODULE(CausalLM);
 // Initialises every parameter from (seed, its global name) alone, so a parameter starts with the
 // same values whichever rank holds it and however the model is sliced: norms at one, the rest
 // normal(0, init_std), output projections (o_proj, down_proj) with std / sqrt(2 num_layers), the
-// MoE balancing bias at zero.
-void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed);
+// MoE balancing bias at zero. Under tensor parallelism (`tensor_parallel`, the model's group) a
+// split parameter takes its rank's block of the whole tensor's values (tensor_parallel_split).
+void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed,
+                           const TensorParallelGroup* tensor_parallel = nullptr);
 
 // Makes a bf16 or fp16 model: each parameter takes parameter_dtype(name, dtype), so the MoE
 // balancing bias stays fp32; buffers (the RoPE tables) stay fp32 too.

@@ -21,10 +21,11 @@ namespace dstrain {
 class MoeBalancing : public PostStepHook {
  public:
   // `layers`: this stage's MoE layers by global layer index (none on a stage without them);
-  // `token_group`: the stage's ranks that route other tokens (their loads are summed over it);
-  // `micro_batches`: per rank and step; `device`: the model's.
-  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, const ModelConfig& model,
-               int64_t micro_batches, const torch::Device& device);
+  // `token_group`: the stage's ranks that route other sequences (their loads are summed over it);
+  // `sequence_parts`: the ranks that route parts of the same sequences (tensor parallelism: loads
+  // and balance losses are summed over it too); `micro_batches`: per rank and step; `device`: the model's.
+  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, Communicator& sequence_parts,
+               const ModelConfig& model, int64_t micro_batches, const torch::Device& device);
 
   void after_step(const torch::Tensor& skipped) override;
   // The micro-batches of the coming step on each rank (a batch-size ramp-up changes them).
@@ -47,6 +48,7 @@ class MoeBalancing : public PostStepHook {
  private:
   std::vector<std::pair<int64_t, MoE>> layers_;
   Communicator& token_group_;
+  Communicator& sequence_parts_;
   int64_t experts_;
   double bias_update_speed_;
   bool reports_balance_loss_;

@@ -11,8 +11,11 @@
 
 namespace dstrain {
 
+struct ModelConfig;
+
 struct ParallelConfig {
-  int tp = 1;  // tensor parallelism (1 until it is built)
+  int tp = 1;  // tensor parallelism
+  bool sequence_parallel = false;  // with tp > 1: norms and residuals hold 1/tp of the sequence
   int cp = 1;  // context parallelism (1 until it is built)
   int dp = 1;  // resolved: never 0 after read_parallel_config
   int pp = 1;
@@ -43,6 +46,10 @@ void add_comm_options(OptionTable& table);
 // in `options`), and checks that the grids fill the world, that ep divides tp × cp × dp and that
 // the order gives every rank one pipeline stage (parallel_grid.h). Throws Error(kUsage) naming the key.
 ParallelConfig read_parallel_config(Options& options, int world_size);
+// parallel.tp against the model and train.seq_len: it must divide the heads (and GQA's key-value
+// heads), the vocabulary, the dense MLPs' and the shared experts' widths, and under sequence
+// parallelism the sequence. Throws Error(kUsage) naming parallel.tp and the number.
+void check_tensor_parallelism(const ParallelConfig& parallel, const ModelConfig& model, int64_t seq_len);
 // parallel.ep against the model: it must have routed experts, and ep must divide their number.
 void check_expert_parallelism(const ParallelConfig& parallel, int64_t routed_experts);
 CommConfig read_comm_config(const Options& options);

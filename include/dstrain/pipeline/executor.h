@@ -24,6 +24,9 @@ struct ActivationShape {
   int64_t micro_batch = 0, seq_len = 0;
   torch::ScalarType dtype = torch::kFloat32;
   torch::Device device = torch::kCPU;
+  // The positions an activation between stages holds: its tp-th part of the sequence under
+  // sequence parallelism; 0: seq_len.
+  int64_t activation_positions = 0;
 };
 
 class PipelineExecutor {
@@ -104,6 +107,9 @@ class PipelineExecutor {
   void timed_compute(const Action& a, bool timed, const std::function<void()>& work);
   // Sends and receives of one group of consecutive transfer actions, all at once.
   void exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training, bool timed);
+  int64_t activation_positions() const {
+    return shape_.activation_positions ? shape_.activation_positions : shape_.seq_len;
+  }
 
   Schedule train_, eval_;
   int stage_;

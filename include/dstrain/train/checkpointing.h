@@ -22,7 +22,7 @@ namespace dstrain {
 // optimizer's stacked expert states are named per expert, from `first_expert`, the global number
 // of the first routed expert the rank holds (ckpt/expert_layout.h), here and in the loads below.
 CheckpointContents checkpoint_contents(const NamedTensors& params, const AdamW& optimizer, ModelGradients& grads,
-                                       int64_t first_expert);
+                                       int64_t first_expert, const TensorParallelPlacement& placement = {});
 // Each rank's carried quantization error (comm.error_feedback) back from `reader`, when it was
 // written on this layout; otherwise it starts from zero, and rank 0 says so.
 void restore_error_feedback(const CheckpointReader& reader, ModelGradients& grads, bool same_layout);
@@ -48,7 +48,7 @@ void check_resumable(const CheckpointReader& reader, const ResumeExpectations& e
 // `params`: every parameter of the rank; those the optimizer does not update (MoE's balancing
 // bias) are read from "model/<name>".
 void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
-                     int64_t first_expert);
+                     int64_t first_expert, const TensorParallelPlacement& placement = {});
 
 // A new run from a checkpoint's model alone (ckpt.load_weights): this rank's masters (or
 // parameters) from the checkpoint's fp32 masters where it has them, else from its parameters;
@@ -56,6 +56,6 @@ void load_checkpoint(const CheckpointReader& reader, AdamW& optimizer, const Nam
 // as they are (fresh). Throws Error(kCheckpoint) naming the file and the tensor when one is missing
 // or has another shape. Under ZeRO-1 the caller then gathers the parameters.
 void load_weights(const CheckpointReader& reader, AdamW& optimizer, const NamedTensors& params,
-                  int64_t first_expert);
+                  int64_t first_expert, const TensorParallelPlacement& placement = {});
 
 }  // namespace dstrain

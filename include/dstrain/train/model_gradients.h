@@ -5,9 +5,17 @@
 // Their sum over the edp group therefore covers every rank's tokens once, and is divided by the
 // dense group's size, as the others' average is. Without expert parallelism the two groups are
 // one, and so is the buffer. The global norm counts every parameter once.
+//
+// Under tensor parallelism the ranks of a tp group hold different parts of the split parameters,
+// and copies of the whole ones, some of whose gradients are each rank's part (the router's, and
+// under sequence parallelism the norms': tensor_parallel_partial_gradient): those are summed over
+// the tp group after the data-parallel average. The routed experts always have a buffer of their
+// own then, since the edp group spans the tp ranks.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dstrain/optim/grad_buffer.h"
@@ -21,7 +29,13 @@ struct GradientGroups {
   Communicator& experts;          // edp: the copies of the routed experts (the dense group when ep = 1)
   Communicator& expert_parallel;  // ep: the parts of one copy of the routed experts
   Communicator& stages;           // pp
+  Communicator& tensor_parallel;  // tp: the parts of one copy of the split parameters
   int world_rank;
+};
+
+// Which parameters (by global name) tensor parallelism splits, and whose gradient is a rank's part.
+struct TensorParallelParameters {
+  std::function<bool(const std::string&)> split, partial_gradient;
 };
 
 class ModelGradients {
@@ -29,7 +43,7 @@ class ModelGradients {
   // `params` by global name, `use_order` as GradientBuffer takes them; `reduction`'s group is
   // ignored: the dense group, and the experts' group for routed experts.
   ModelGradients(const NamedTensors& params, const std::vector<torch::Tensor>& use_order, GradientReduction reduction,
-                 const GradientGroups& groups);
+                 const GradientGroups& groups, TensorParallelParameters tensor_parallel = {});
 
   void zero();
   void set_microbatches(int64_t microbatches);  // per step, as GradientBuffer's
@@ -55,8 +69,15 @@ class ModelGradients {
   bool writes_experts() const;
 
  private:
+  // The replicated buffer's sum of squares, under tensor parallelism: the split parameters' parts
+  // summed over the tp group, the whole ones counted once.
+  torch::Tensor tensor_parallel_squares();
+  void sum_partial_gradients();
+
   GradientGroups groups_;
+  TensorParallelParameters tensor_parallel_;
   std::unique_ptr<GradientBuffer> replicated_, experts_;
+  NamedTensors partial_;  // replicated parameters whose gradients the tp group sums
 };
 
 }  // namespace dstrain

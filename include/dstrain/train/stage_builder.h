@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "dstrain/ckpt/parameter_file.h"
+#include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/data/loader.h"
 #include "dstrain/parallel/parallel_context.h"
 #include "dstrain/model/compute_options.h"
 #include "dstrain/model/layer_slice.h"
+#include "dstrain/model/tensor_parallel.h"
 #include "dstrain/parallel/expert_all_to_all.h"
 #include "dstrain/pipeline/executor.h"
 #include "dstrain/pipeline/weight_gradient_store.h"
@@ -29,6 +31,7 @@ struct RankStage {
   std::unique_ptr<RerunClock> rerun_clock;
   std::unique_ptr<WeightGradientStore> weight_gradients;
   std::unique_ptr<ExpertAllToAll> expert_exchange;  // expert parallelism only
+  std::unique_ptr<TensorParallelGroup> tensor_parallel;  // tensor parallelism only
   std::unique_ptr<LanguageModelStage> model;
   std::unique_ptr<PipelineExecutor> executor;
 
@@ -56,6 +59,11 @@ enum class Initialization { kFromSeed, kNone };
 // The chunks on `device` in train.precision (the MoE balancing bias stays fp32).
 RankStage build_rank_stage(const TrainConfig& config, ParallelContext& parallel, const torch::Device& device,
                            Initialization initialization);
+
+// Where this rank's parameters lie in the whole tensors of a checkpoint (tensor_parallel_split),
+// and which of the ranks holding the same tensors write them: the whole ones the tp group's first
+// rank, with its data-parallel replicas; the blocks the first of those replicas.
+TensorParallelPlacement tensor_parallel_placement(const ParallelContext& parallel);
 
 // The micro-batches of one step (or evaluated global batch) from `loader`, all read at the first
 // request, in pinned host memory where it is a GPU's: the copies overlap the kernels queued.

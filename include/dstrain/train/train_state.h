@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dstrain/ckpt/checkpoint_writer.h"
+#include "dstrain/ckpt/training_checkpoint.h"
 #include "dstrain/ckpt/format.h"
 #include "dstrain/data/mixture.h"
 #include "dstrain/parallel/parallel_context.h"
@@ -36,6 +37,7 @@ struct TrainStateParts {
   std::string layers_per_virtual_stage;  // "2,2"
   NamedTensors params;                   // every parameter of this rank's chunks, by checkpoint name
   int64_t first_expert = 0;              // the global number of the first routed expert held
+  TensorParallelPlacement placement;     // where the tensors lie in the whole ones, who writes which
   AdamW* optimizer = nullptr;
   ModelGradients* grads = nullptr;
   DynamicLossScaler* loss_scaler = nullptr;  // fp16 only
