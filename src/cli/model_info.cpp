@@ -25,7 +25,8 @@ const char* kUsage =
     "Parameters (total and activated per token), training FLOPs per token, and memory per rank for\n"
     "the configuration's layout on N ranks (default: the fewest it fits, tp x cp x dp x pp, with the\n"
     "fewest dp that parallel.ep fits where dp is not given). Every --parallel.* option of train applies:\n"
-    "with ep > 1 each rank holds 1/ep of the routed experts, and ZeRO-1 (optim.zero) shards the state.\n";
+    "with tp > 1 each rank holds 1/tp of the split layers, with ep > 1 1/ep of the routed experts, and\n"
+    "ZeRO-1 (optim.zero) shards the state.\n";
 
 // GiB for the models this plans for, MiB for the small ones a test or a demo trains.
 std::string size_text(double bytes) {
@@ -75,6 +76,7 @@ nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan&
           {"layout",
            {{"ranks", ranks},
             {"tp", p.tp},
+            {"sequence_parallel", p.sequence_parallel},
             {"cp", p.cp},
             {"dp", p.dp},
             {"pp", p.pp},
@@ -101,8 +103,11 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
   std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n",
               training_flops_per_token(config.model, config.loop.seq_len), static_cast<long long>(config.loop.seq_len));
   const std::string ep = config.parallel.ep > 1 ? ", ep " + std::to_string(config.parallel.ep) : "";
-  std::printf("layout           %d rank(s): dp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, config.parallel.dp,
-              config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "",
+  const std::string tp = config.parallel.tp == 1 ? ""
+                         : "tp " + std::to_string(config.parallel.tp) +
+                               (config.parallel.sequence_parallel ? " (sequence-parallel)" : "") + " x ";
+  std::printf("layout           %d rank(s): %sdp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, tp.c_str(),
+              config.parallel.dp, config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "",
               name_of(precision_names(), config.loop.precision).c_str(),
               static_cast<long long>(config.loop.micro_batch));
   std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n",

@@ -56,7 +56,8 @@ double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const A
 // gradient: linear_cross_entropy.cpp); as the embedding's backward pass ends (the last of a
 // stage's) the embedding weight's gradient, made whole before it is added to the parameter's.
 double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, const ActivationMemoryOptions& o) {
-  const double tokens = static_cast<double>(o.micro_batch * o.seq_len), vocab = static_cast<double>(c.vocab_size);
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
+  const double vocab = static_cast<double>(c.vocab_size) / static_cast<double>(o.tensor_parallel);  // a rank's shard
   const double weight_gradient = vocab * static_cast<double>(c.hidden_size) * static_cast<double>(o.element_bytes);
   const double head_weight_gradient = o.element_bytes == 4 ? 0.0 : weight_gradient;
   const double logits = tokens * vocab * static_cast<double>(o.element_bytes);
@@ -78,7 +79,12 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
   const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0;
-  return norms * h + attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
+  const double split_layers = attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
+  if (o.tensor_parallel == 1) return norms * h + split_layers;
+  // The attention's and the MLP's inputs are the whole sequence's (gathered under sequence
+  // parallelism); the rest of them is split. (Estimated, not yet measured against a run.)
+  const double parts = static_cast<double>(o.tensor_parallel);
+  return norms * h / (o.sequence_parallel ? parts : 1.0) + 2.0 * h + (split_layers - 2.0 * h) / parts;
 }
 
 double weight_store_elements(const ModelConfig& c, int64_t layer) {
@@ -112,15 +118,16 @@ double weight_store_elements(const ModelConfig& c, int64_t layer) {
 double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>& chunks,
                              const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len) * static_cast<double>(o.element_bytes);
-  const double h = static_cast<double>(c.hidden_size);
+  const double h = static_cast<double>(c.hidden_size), parts = static_cast<double>(o.tensor_parallel);
+  const double held_h = o.sequence_parallel ? h / parts : h;  // a layer input's share a rank holds
   double kept = 0, rerun = 0, made = 0, awaiting_weights = 0;
   // The decoder layer `layer`, at `index` in its chunk: all it keeps, or under full recomputation
   // its input, and then all it keeps again while it reruns (returned; 0 if it does not).
   auto add_layer = [&](int64_t layer, int64_t index) {
-    awaiting_weights += weight_store_elements(c, layer) * tokens;
+    awaiting_weights += weight_store_elements(c, layer) / parts * tokens;
     const bool recomputed = o.recompute.reruns_layer(index);
     const double full = layer_activation_elements(c, layer, o) * tokens;  // (full: as if none)
-    kept += recomputed ? h * tokens : full;
+    kept += recomputed ? held_h * tokens : full;
     if (recomputed) rerun = std::max(rerun, full);
     return recomputed ? full : 0.0;
   };
@@ -132,16 +139,17 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
     // input ([normalised hidden; embedding]) and its logits' gradient, whatever is recomputed. Its
     // layer's backward pass comes first, so a rerun of it meets the main head's logits' gradient,
     // which the main head's backward pass has yet to use.
-    const double mtp_per_token = 2.0 * h + static_cast<double>(c.vocab_size);
+    const double vocab = static_cast<double>(c.vocab_size) / parts;
+    const double mtp_per_token = 2.0 * h + vocab;
     for (int64_t depth = 1; depth <= c.num_nextn_predict_layers; ++depth) {
       const double rerun_here = add_layer(c.num_layers + depth - 1, slice.last - slice.first + depth - 1);
       kept += mtp_per_token * tokens;
-      if (o.backward_starting) made = std::max(made, static_cast<double>(c.vocab_size) * tokens + rerun_here);
+      if (o.backward_starting) made = std::max(made, vocab * tokens + rerun_here);
     }
   }
   // The backward pass's working set on top: the gradients flowing between layers and those of a
   // layer's widest matrix products (an MLP's gate and up).
-  const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size));
+  const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size)) / parts;
   const double working = (2.0 * h + 2.0 * widest) * tokens;
   const bool rerunning = o.backward_starting || (o.backward_ended && o.micro_batches_awaiting_weights > 0);
   return kept * o.micro_batches_in_flight + awaiting_weights * o.micro_batches_awaiting_weights +

@@ -1,6 +1,9 @@
 #include "dstrain/train/memory_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <string>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
@@ -10,6 +13,7 @@
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
+#include "dstrain/model/parameter_shapes.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
@@ -23,11 +27,12 @@ double element_bytes(torch::ScalarType precision) { return static_cast<double>(c
 MemoryPlan state_memory(const TrainConfig& c, const ParallelGrid& grid, const StageParameters& stage) {
   const double element = element_bytes(c.loop.precision);
   const double experts = stage.routed_experts / grid.size(Group::kEp);  // the part of them a rank holds
-  const double held = stage.replicated + experts;
+  const double replicated = stage.replicated - stage.split + stage.split / grid.size(Group::kTp);
+  const double held = replicated + experts;
   const double state_per_parameter = 8.0 + (element == 4 ? 0.0 : 4.0);  // moments (+ masters)
   // ZeRO-1: each rank keeps a share of the state of what its group of replicas holds.
   const double sharded =
-      c.optim.zero == 1 ? stage.replicated / grid.size(Group::kDpCp) + experts / grid.size(Group::kEdp) : held;
+      c.optim.zero == 1 ? replicated / grid.size(Group::kDpCp) + experts / grid.size(Group::kEdp) : held;
   MemoryPlan plan;
   plan.parameters = held * element;
   plan.gradients = held * 4;  // the fp32 gradient buffer
@@ -43,6 +48,8 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelG
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
   o.fused = fused;
   o.tokens_exchanged = grid.size(Group::kEp) > 1;
+  o.tensor_parallel = grid.size(Group::kTp);
+  o.sequence_parallel = c.parallel.sequence_parallel;
   return o;
 }
 
@@ -74,8 +81,35 @@ std::vector<std::vector<ActivationMemoryOptions>> micro_batches_held(const Sched
 
 }  // namespace
 
+namespace {
+
+// The parameters tensor parallelism splits, by decoder layer (multi-token prediction modules'
+// numbered after the last); the embedding's and the head's under -1 and -2.
+std::map<int64_t, double> split_parameters_by_layer(const ModelConfig& m) {
+  std::map<int64_t, double> split;
+  const std::string layers = "model.layers.";
+  for (const auto& [name, shape] : parameter_shapes(m)) {
+    if (tensor_parallel_split(name) == TensorParallelSplit::kWhole) continue;
+    const int64_t layer = name.compare(0, layers.size(), layers) == 0
+                              ? std::strtoll(name.c_str() + layers.size(), nullptr, 10)
+                              : (name.find("embed_tokens") != std::string::npos ? -1 : -2);
+    split[layer] += static_cast<double>(c10::multiply_integers(shape));
+  }
+  return split;
+}
+
+}  // namespace
+
 StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSlice>& chunks) {
   StageParameters p;
+  std::map<int64_t, double> split = split_parameters_by_layer(m);
+  for (const LayerSlice& slice : chunks) {
+    if (slice.has_embedding) p.split += split[-1];
+    if (slice.has_head) p.split += split[-2];
+    for (int64_t layer = slice.first; layer < slice.last; ++layer) p.split += split[layer];
+    if (slice.has_head)
+      for (int64_t depth = 0; depth < m.num_nextn_predict_layers; ++depth) p.split += split[m.num_layers + depth];
+  }
   const double h = static_cast<double>(m.hidden_size), vocab = static_cast<double>(m.vocab_size);
   for (const LayerSlice& slice : chunks) {
     if (slice.has_embedding) p.replicated += vocab * h;

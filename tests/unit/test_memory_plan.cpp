@@ -92,6 +92,32 @@ TEST(MemoryPlan, ExpertParallelismDividesTheExpertsParametersAndState) {
   EXPECT_DOUBLE_EQ(replicated.optimizer_state, 12 * (kReplicated + kExperts) / 8);
 }
 
+// What tensor parallelism splits of that: MLA's q_b, kv_b and o (24×48 + 16×64 + 32×32 = 3,200) in
+// each of the 3 layers and the MTP module, the dense MLP (6,144), the shared experts of the 2 MoE
+// layers and the module's (1,536 each), the embedding and the head (2 × 264×32 = 16,896).
+constexpr double kSplit = 4 * 3200 + 6144 + 3 * 1536 + 16896;  // 40,448
+
+// tp 2: each rank holds half of the split parameters, the rest whole, and the routed experts
+// whole (tp 2 × dp 1: the two ranks route different tokens through the same experts); ZeRO-1 on
+// tp 2 × dp 2 shards the split parameters' state over dp 2 and the experts' over the 4 ranks
+// holding them (edp).
+TEST(MemoryPlan, TensorParallelismDividesTheSplitParameters) {
+  const TrainConfig c = tiny_v3(2, 1, 0, {"--parallel.tp", "2"});
+  EXPECT_EQ(stage_parameters(c.model, {LayerSlice::whole(c.model)}).split, kSplit);
+  const double held = kReplicated - kSplit / 2;
+  const MemoryPlan plan = plan_memory(c, {});
+  EXPECT_DOUBLE_EQ(plan.parameters, 2 * (held + kExperts));
+  EXPECT_DOUBLE_EQ(plan.gradients, 4 * (held + kExperts));
+  const MemoryPlan sharded = plan_memory(tiny_v3(4, 1, 1, {"--parallel.tp", "2"}), {});
+  EXPECT_DOUBLE_EQ(sharded.optimizer_state, 12 * (held / 2 + kExperts / 4));
+  // Sequence parallelism splits the norms' and residuals' activations too.
+  const MemoryPlan whole = plan_memory(tiny_v3(2, 1, 0, {"--parallel.dp", "2"}), {});
+  const MemoryPlan without = plan_memory(tiny_v3(2, 1, 0, {"--parallel.tp", "2", "--parallel.sequence_parallel",
+                                                          "false"}), {});
+  EXPECT_LT(plan.activations, without.activations);
+  EXPECT_LT(without.activations, whole.activations);
+}
+
 // The token exchange keeps, per routed copy (2 per token) in each of the 3 MoE layers, the input
 // received by the expert's rank and the output received back: 2 × 32 elements of 2 bytes, for
 // micro_batch 2 × seq_len 32 tokens, one micro-batch in flight on a single stage.

@@ -43,6 +43,11 @@ struct ActivationMemoryOptions {
   // Expert parallelism: MoE layers send their routed tokens to the experts' ranks and get the
   // outputs back, which adds a received copy each way (see mlp_elements).
   bool tokens_exchanged = false;
+  // Tensor parallelism: a rank holds 1/tensor_parallel of the heads, FFN widths and vocabulary
+  // (and routes that share of the tokens), while the split products' inputs are the whole
+  // sequence's; with sequence parallelism the norms and residuals hold 1/tensor_parallel of it.
+  int64_t tensor_parallel = 1;
+  bool sequence_parallel = false;
 };
 
 // Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per

@@ -20,10 +20,11 @@ struct MemoryPlan {
   double total() const { return parameters + gradients + optimizer_state + activations; }
 };
 
-// The parameters of a pipeline stage's model chunks: those every data-parallel rank holds, and
-// the routed experts (multi-token prediction modules' included), which parallel.ep ranks share.
+// The parameters of a pipeline stage's model chunks: those every data-parallel rank holds (of
+// which tensor parallelism splits `split`: tensor_parallel_split), and the routed experts
+// (multi-token prediction modules' included), which parallel.ep ranks share.
 struct StageParameters {
-  double replicated = 0, routed_experts = 0;
+  double replicated = 0, routed_experts = 0, split = 0;
 };
 StageParameters stage_parameters(const ModelConfig& model, const std::vector<LayerSlice>& chunks);
 
@@ -32,8 +33,8 @@ StageParameters stage_parameters(const ModelConfig& model, const std::vector<Lay
 // train.cuda_kernels.
 FusedOperations fused_operations(const TrainConfig& config);
 
-// Per rank of the configuration's grid (parallel_grid.h): the replicated parameters whole and 1/ep
-// of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and fp32
+// Per rank of the configuration's grid (parallel_grid.h): the replicated parameters whole (the
+// split ones 1/tp) and 1/ep of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and fp32
 // masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the same
 // parameters: the dp-cp group for the replicated part, the edp group for the experts. The state
 // is that of the stage holding the most; the activations those of the stage whose step peaks
