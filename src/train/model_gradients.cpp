@@ -39,14 +39,15 @@ ModelGradients::ModelGradients(const NamedTensors& params, const std::vector<tor
   reduction.group = &groups.dense;
   const bool split = groups.tensor_parallel.size() > 1;
   const ParameterSet replicated = select(params, use_order, false), experts = select(params, use_order, true);
+  const bool one_buffer = experts.params.empty() || (&groups.experts == &groups.dense && !split);  // the same holders
+  replicated_ = one_buffer ? std::make_unique<GradientBuffer>(params, use_order, reduction)
+                           : std::make_unique<GradientBuffer>(replicated.params, replicated.use_order, reduction);
+  // The buffer's fp32 gradients (of this rank's shard under ZeRO-1: the tp group's ranks hold the
+  // same shards of buffers laid out alike).
   if (split)
-    for (const auto& [name, p] : replicated.params)
-      if (tensor_parallel_.partial_gradient(name)) partial_.emplace_back(name, p);
-  if (experts.params.empty() || (&groups.experts == &groups.dense && !split)) {  // the same holders: one buffer
-    replicated_ = std::make_unique<GradientBuffer>(params, use_order, reduction);
-    return;
-  }
-  replicated_ = std::make_unique<GradientBuffer>(replicated.params, replicated.use_order, reduction);
+    for (const ParameterShard& shard : replicated_->shards())
+      if (tensor_parallel_.partial_gradient(shard.name)) partial_grads_.push_back(shard.grad);
+  if (one_buffer) return;
   reduction.group = &groups.experts;
   reduction.divide_sum_by = groups.dense.size();
   experts_ = std::make_unique<GradientBuffer>(experts.params, experts.use_order, reduction);
@@ -60,20 +61,18 @@ void ModelGradients::zero() {
 void ModelGradients::reduce() {
   replicated_->reduce();
   if (experts_) experts_->reduce();
-  if (!partial_.empty()) sum_partial_gradients();
+  if (!partial_grads_.empty()) sum_partial_gradients();
 }
 
-// In one all-reduce: the gradients are small (norms, routers, MLA's down-projections). (Under
-// ZeRO-1 the parts of them outside this rank's shard are stale, and summing them is harmless.)
+// In one all-reduce: the gradients are small (norms, routers, MLA's down-projections).
 void ModelGradients::sum_partial_gradients() {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& named : partial_) grads.push_back(named.second.grad().reshape({-1}));
-  torch::Tensor flat = torch::cat(grads);
+  std::vector<torch::Tensor> flat_grads;
+  for (const torch::Tensor& grad : partial_grads_) flat_grads.push_back(grad.reshape({-1}));
+  torch::Tensor flat = torch::cat(flat_grads);
   groups_.tensor_parallel.all_reduce(flat, ReduceOp::kSum);
   int64_t at = 0;
-  for (const auto& named : partial_) {
-    torch::Tensor grad = named.second.grad();
+  for (torch::Tensor grad : partial_grads_) {
     grad.copy_(flat.narrow(0, at, grad.numel()).view_as(grad));
     at += grad.numel();
   }

@@ -186,7 +186,7 @@ void flip_a_byte(const std::string& file, const std::string& dataset) {
 }
 
 void expect_same_losses(const std::string& dir, const std::string& reference, size_t steps,
-                        const std::vector<std::string>& keys) {
+                        const std::vector<std::string>& keys, double tolerance) {
   const std::vector<nlohmann::json> mine = train_records(dir), theirs = train_records(reference);
   ASSERT_EQ(mine.size(), steps) << dir;
   std::map<int64_t, nlohmann::json> by_step;
@@ -195,7 +195,7 @@ void expect_same_losses(const std::string& dir, const std::string& reference, si
     const int64_t step = record["step"].get<int64_t>();
     ASSERT_TRUE(by_step.count(step)) << "step " << step;
     for (const std::string& key : keys)
-      EXPECT_NEAR(record[key].get<double>(), by_step[step][key].get<double>(), 1e-5) << key << " at step " << step;
+      EXPECT_NEAR(record[key].get<double>(), by_step[step][key].get<double>(), tolerance) << key << " at step " << step;
   }
 }
 

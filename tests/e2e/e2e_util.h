@@ -49,9 +49,9 @@ std::vector<nlohmann::json> train_records(const std::string& run_dir);
 std::vector<nlohmann::json> eval_records(const std::string& run_dir);
 
 // Another layout's run against `reference`'s: `steps` training records in `dir`, each one's `keys`
-// within 1e-5 of the reference's record of the same step.
+// within `tolerance` of the reference's record of the same step.
 void expect_same_losses(const std::string& dir, const std::string& reference, size_t steps,
-                        const std::vector<std::string>& keys);
+                        const std::vector<std::string>& keys, double tolerance = 1e-5);
 // The final models (final_model.h5) of two runs: the same names, every value within 1e-5.
 void expect_same_parameters(const std::string& dir, const std::string& reference);
 // A run directory's checkpoint of `step`.

@@ -77,7 +77,7 @@ class ModelGradients {
   GradientGroups groups_;
   TensorParallelParameters tensor_parallel_;
   std::unique_ptr<GradientBuffer> replicated_, experts_;
-  NamedTensors partial_;  // replicated parameters whose gradients the tp group sums
+  std::vector<torch::Tensor> partial_grads_;  // the replicated buffer's gradients the tp group sums
 };
 
 }  // namespace dstrain
