@@ -11,7 +11,9 @@ torch::Tensor TensorParallelCollectives::all_gather(const torch::Tensor& tensor,
   shape[0] *= tp_.size();
   torch::Tensor gathered = torch::empty(shape, first.options());
   tp_.all_gather(gathered, first);
-  return gathered.movedim(0, dim);
+  // Contiguous in the caller's layout: the products that take it (q, k and v; gate and up) would
+  // each copy a strided view to multiply it, and keep their copies for the backward pass.
+  return dim == 0 ? gathered : gathered.movedim(0, dim).contiguous();
 }
 
 torch::Tensor TensorParallelCollectives::reduce_scatter(const torch::Tensor& tensor, int64_t dim) {
@@ -24,7 +26,7 @@ torch::Tensor TensorParallelCollectives::reduce_scatter(const torch::Tensor& ten
   shape[0] /= tp_.size();
   torch::Tensor chunk = torch::empty(shape, first.options());
   tp_.reduce_scatter(chunk, first, ReduceOp::kSum);
-  return chunk.movedim(0, dim);
+  return dim == 0 ? chunk : chunk.movedim(0, dim).contiguous();
 }
 
 }  // namespace dstrain
