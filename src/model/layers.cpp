@@ -4,6 +4,7 @@
 
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/model/causal_attention.h"
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/swiglu_activation.h"
 
@@ -32,6 +33,7 @@ torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
 
 AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options)
     : tp_{options.tensor_parallel, options.sequence_parallel},
+      cp_(options.context_parallel),
       num_heads_(split_by_tensor_parallel(c.num_heads, tp_.group, "model.num_heads")),
       num_kv_heads_(split_by_tensor_parallel(c.num_kv_heads, tp_.group, "model.num_kv_heads")),
       head_dim_(c.head_dim()),
@@ -82,8 +84,14 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
     k = cache->keys.narrow(2, 0, start + seq);
     v = cache->values.narrow(2, 0, start + seq);
   }
-  return causal_attention(q, for_query_heads(k), for_query_heads(v), 1.0 / std::sqrt(static_cast<double>(head_dim_)),
-                          selective_);  // [B, H, S, d]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  if (cp_ && !cache) {  // the key-value heads go around the ring, expanded to the query heads where they arrive
+    auto keys_values = [this](const torch::Tensor& kv) {
+      return std::make_pair(for_query_heads(kv.select(0, 0)), for_query_heads(kv.select(0, 1)));
+    };
+    return ring_attention({q, torch::stack({k, v}), keys_values, scale}, *cp_);
+  }
+  return causal_attention(q, for_query_heads(k), for_query_heads(v), scale, selective_);  // [B, H, S, d]
 }
 
 torch::Tensor AttentionImpl::forward_decode(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,

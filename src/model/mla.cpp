@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "dstrain/model/causal_attention.h"
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/model/recompute.h"
 
 namespace dstrain {
@@ -16,6 +17,8 @@ constexpr double kLatentNormEps = 1e-6;
 
 MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c, const ComputeOptions& options)
     : tp_{options.tensor_parallel, options.sequence_parallel},
+      cp_(options.context_parallel),
+      ring_passes_latent_(options.context_parallel_latent),
       heads_(split_by_tensor_parallel(c.num_heads, tp_.group, "model.num_heads")),
       nope_(c.qk_nope_head_dim),
       rope_dim_(c.qk_rope_head_dim),
@@ -60,14 +63,39 @@ MultiHeadLatentAttentionImpl::Projected MultiHeadLatentAttentionImpl::up_project
   return {q, latent, k_rope};
 }
 
+std::pair<torch::Tensor, torch::Tensor> MultiHeadLatentAttentionImpl::keys_values(const torch::Tensor& latent,
+                                                                                  const torch::Tensor& k_rope) {
+  const int64_t batch = latent.size(0), seq = latent.size(1);
+  torch::Tensor kv = kv_b_proj_(latent).view({batch, seq, heads_, nope_ + v_dim_}).transpose(1, 2);
+  torch::Tensor rope_key = k_rope.unsqueeze(1).expand({batch, heads_, seq, rope_dim_});  // shared by the heads
+  return {torch::cat({kv.narrow(-1, 0, nope_), rope_key}, -1), kv.narrow(-1, nope_, v_dim_).contiguous()};
+}
+
 Tensors MultiHeadLatentAttentionImpl::attention_inputs(const Tensors& down, const RopeTables& rope) {
   const Projected p = up_project(down, rope);
-  const int64_t batch = p.latent.size(0), seq = p.latent.size(1);
-  torch::Tensor kv = kv_b_proj_(p.latent).view({batch, seq, heads_, nope_ + v_dim_}).transpose(1, 2);
-  torch::Tensor k_rope = p.k_rope.unsqueeze(1).expand({batch, heads_, seq, rope_dim_});  // shared by the heads
-  torch::Tensor key = torch::cat({kv.narrow(-1, 0, nope_), k_rope}, -1);
-  torch::Tensor value = kv.narrow(-1, nope_, v_dim_).contiguous();
+  auto [key, value] = keys_values(p.latent, p.k_rope);
   return {p.query, key, value};
+}
+
+torch::Tensor MultiHeadLatentAttentionImpl::ring_attention_of(const Tensors& down, const RopeTables& rope) {
+  const Projected p = up_project(down, rope);
+  RingAttentionInputs in;
+  in.query = p.query;
+  in.scale = scale_;
+  const int64_t qk = nope_ + rope_dim_;
+  if (ring_passes_latent_) {  // kv_lora_rank + rope values a token, expanded where they arrive
+    in.passed = torch::cat({p.latent, p.k_rope}, -1);
+    in.keys_values = [this](const torch::Tensor& t) {
+      return keys_values(t.narrow(-1, 0, kv_lora_rank_), t.narrow(-1, kv_lora_rank_, rope_dim_));
+    };
+  } else {  // heads × (qk + v) values a token
+    auto [key, value] = keys_values(p.latent, p.k_rope);
+    in.passed = torch::cat({key, value}, -1);
+    in.keys_values = [qk, this](const torch::Tensor& t) {
+      return std::make_pair(t.narrow(-1, 0, qk), t.narrow(-1, qk, v_dim_));
+    };
+  }
+  return ring_attention(in, *cp_);
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& input, const RopeTables& rope) {
@@ -84,6 +112,7 @@ torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& input, 
   auto output = [&](const Tensors& out) {  // out: [B, H, S, v]
     return Tensors{o_proj_(out[0].transpose(1, 2).reshape({batch, seq, heads_ * v_dim_}))};
   };
+  if (cp_) return tp_.leave(output({ring_attention_of(down, rope)})[0]);
   // Selective recomputation: the up-projections' outputs (queries, keys, values) are computed
   // again from the latents in the backward pass, not kept (nor, by causal_attention, the
   // probabilities of unfused attention).

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "dstrain/core/error.h"
+#include "dstrain/model/context_parallel.h"
 
 namespace dstrain {
 namespace {
@@ -74,8 +75,9 @@ Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, con
   return r;
 }
 
-torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c, TensorParallelGroup* parts,
-                                    int64_t sequence_length) {
+torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c,
+                                    const std::function<void(torch::Tensor&)>& sum_over_parts, int64_t sequence_length) {
+  const bool parts = static_cast<bool>(sum_over_parts);
   const int64_t experts = r.scores.size(1), k = c.num_experts_per_tok;
   const int64_t per_sequence = r.scores.size(0) / sequences;  // this rank's tokens of each
   const int64_t length = parts ? sequence_length : per_sequence;
@@ -83,7 +85,7 @@ torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const M
   torch::Tensor counts = torch::zeros({sequences, experts}, r.scores.options())
                              .scatter_add_(1, r.experts.view({sequences, per_sequence * k}),
                                            torch::ones({sequences, per_sequence * k}, r.scores.options()));
-  if (parts) parts->all_reduce_sum(counts);  // (not differentiated: the choice is not)
+  if (parts) sum_over_parts(counts);  // (not differentiated: the choice is not)
   torch::Tensor f = counts * (static_cast<double>(experts) / static_cast<double>(k * length));
   torch::Tensor normalised = r.scores / r.scores.sum(-1, true);  // softmax scores already sum to 1
   torch::Tensor by_sequence = normalised.view({sequences, per_sequence, experts});
@@ -105,6 +107,7 @@ std::pair<int64_t, int64_t> part_of(int64_t length, int rank, int parts) {
 MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
     : config_(c),
       tp_{options.tensor_parallel, options.sequence_parallel},
+      cp_(options.context_parallel),
       local_exchange_(options.expert_exchange ? nullptr : std::make_unique<LocalExpertExchange>()),
       exchange_(options.expert_exchange ? options.expert_exchange : local_exchange_.get()),
       shard_(exchange_->shard()) {
@@ -129,15 +132,17 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
   torch::Tensor routed;
+  const int64_t context_parts = cp_ ? cp_->size() : 1;
   if (!tp_ || tp_.sequence_parallel) {  // this rank's tokens are those it holds
-    routed = route_and_compute(x, x.size(1) * (tp_ ? tp_.group->size() : 1), pass);
+    routed = route_and_compute(x, x.size(1) * (tp_ ? tp_.group->size() : 1) * context_parts, pass);
   } else {
     // Every rank holds the whole sequence and routes its part of it. The copy's backward pass
     // sums the group's gradients of x (each has its part's); the sum joins the parts' outputs.
     TensorParallelGroup& group = *tp_.group;
     const int64_t seq = x.size(1);
     const auto [start, size] = part_of(seq, group.rank(), group.size());
-    const torch::Tensor mine = route_and_compute(copy_to_tensor_parallel(x, group).narrow(1, start, size), seq, pass);
+    const torch::Tensor mine =
+        route_and_compute(copy_to_tensor_parallel(x, group).narrow(1, start, size), seq * context_parts, pass);
     auto zeros = [&](int64_t n) { return torch::zeros({x.size(0), n, x.size(2)}, mine.options()); };
     routed = reduce_from_tensor_parallel(torch::cat({zeros(start), mine, zeros(seq - start - size)}, 1), group);
   }
@@ -168,12 +173,21 @@ torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& own, int64_t seq, 
   torch::Tensor out = torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
   out = out.view({batch, tokens, hidden});
   if (is_training() && config_.aux_loss_alpha > 0) {
-    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_, tp_.group, seq);
+    std::function<void(torch::Tensor&)> sum_over_parts;
+    if (tp_ || cp_)
+      sum_over_parts = [this](torch::Tensor& t) {
+        if (tp_) tp_.group->all_reduce_sum(t);
+        if (cp_) cp_->all_reduce_sum(t);
+      };
+    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_, sum_over_parts, seq);
     if (first_pass) {
       torch::NoGradGuard no_grad;
       balance_loss_ += balance.detach().to(balance_loss_.scalar_type());
     }
-    out = attach_auxiliary_loss(out, balance, aux_gradient_factor_);
+    // Under context parallelism the gradients are averaged over the cp ranks, whose balance losses
+    // are parts of one (each of its own tokens): each rank's part counts cp times, so that the
+    // average is the whole loss's gradient. (tp's parts are summed instead.)
+    out = attach_auxiliary_loss(out, cp_ ? balance * static_cast<double>(cp_->size()) : balance, aux_gradient_factor_);
   }
   return out;
 }

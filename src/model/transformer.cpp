@@ -10,6 +10,7 @@
 
 #include "dstrain/core/random.h"
 #include "dstrain/core/text.h"
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/linear_cross_entropy.h"
 #include "dstrain/model/parameter_shapes.h"
@@ -18,6 +19,8 @@ namespace dstrain {
 
 DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice, const ComputeOptions& options)
     : slice_(slice),
+      cp_(options.context_parallel),
+      sequence_parts_(options.tensor_parallel && options.sequence_parallel ? options.tensor_parallel->size() : 1),
       recompute_(options.recompute),
       rerun_clock_(options.rerun_clock),
       max_seq_len_(c.max_seq_len),
@@ -48,14 +51,23 @@ DecoderStackImpl::DecoderStackImpl(const ModelConfig& c, const LayerSlice& slice
   if (slice.has_head) norm_ = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor DecoderStackImpl::run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input) {
-  if (!recompute_.reruns_layer(index)) return layer.forward(input, rope_);
+torch::Tensor DecoderStackImpl::run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input,
+                                          const RopeTables& rope) {
+  if (!recompute_.reruns_layer(index)) return layer.forward(input, rope);
   return recompute_in_backward(
-      [this, &layer](const torch::Tensor& x, Pass pass) { return layer.forward(x, rope_, pass); }, input, rerun_clock_);
+      [&layer, rope](const torch::Tensor& x, Pass pass) { return layer.forward(x, rope, pass); }, input, rerun_clock_);
+}
+
+RopeTables DecoderStackImpl::context_rope(int64_t positions) const {
+  const int64_t n = positions / 2;
+  const auto [first, second] = context_chunks_of(cp_->rank(), cp_->size());
+  const RopeTables a = rope_tables_from(rope_, first * n, n), b = rope_tables_from(rope_, second * n, n);
+  return {torch::cat({a.cos, b.cos}), torch::cat({a.sin, b.sin}), rope_.interleave, rope_.cuda_kernel};
 }
 
 torch::Tensor DecoderStackImpl::forward_layers(torch::Tensor h) {
-  for (size_t i = 0; i < layers_.size(); ++i) h = run_layer(*layers_[i], static_cast<int64_t>(i), h);
+  const RopeTables rope = cp_ ? context_rope(h.size(1) * sequence_parts_) : rope_;
+  for (size_t i = 0; i < layers_.size(); ++i) h = run_layer(*layers_[i], static_cast<int64_t>(i), h, rope);
   return slice_.has_head ? norm_(h) : h;
 }
 
@@ -63,7 +75,7 @@ torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor
                                               const torch::Tensor& embedded) {
   // The module's decoder layer follows the chunk's last one, and is recomputed as those are.
   MultiTokenPrediction module = mtp_.at(static_cast<size_t>(depth - 1));
-  return run_layer(*module, static_cast<int64_t>(layers_.size()) + depth - 1, module->join(previous, embedded));
+  return run_layer(*module, static_cast<int64_t>(layers_.size()) + depth - 1, module->join(previous, embedded), rope_);
 }
 
 torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {
@@ -124,7 +136,10 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const 
       slice_(slice),
       cuda_kernels_(options.cuda_kernels),
       carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)),
-      tp_{options.tensor_parallel, options.sequence_parallel} {
+      tp_{options.tensor_parallel, options.sequence_parallel},
+      cp_(options.context_parallel) {
+  if (cp_ && c.num_nextn_predict_layers > 0)
+    throw std::invalid_argument("multi-token prediction does not run with context parallelism yet");
   model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
@@ -154,7 +169,7 @@ std::vector<std::pair<int64_t, MoE>> CausalLMImpl::moe_layers() const {
 std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::hidden_and_embeddings(const torch::Tensor& input) {
   torch::Tensor hidden, embeddings;
   if (slice_.has_embedding) {
-    hidden = model_->embed(input);
+    hidden = model_->embed(cp_ ? context_parallel_part(input, *cp_, 1) : input);
     // Kept for the MTP modules of this slice or of the last stage.
     if (config_.num_nextn_predict_layers > 0) embeddings = hidden;
   } else if (carries_embeddings_) {
@@ -170,6 +185,7 @@ std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::hidden_and_embeddings(cons
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& input) {
   auto [hidden, embeddings] = hidden_and_embeddings(input);
   if (slice_.has_head) {
+    if (cp_) throw std::invalid_argument("under context parallelism the model trains through losses()");
     if (!tp_) return lm_head_(hidden);
     // The whole logits, gathered: for evaluation and inspection (training takes losses()).
     if (torch::GradMode::is_enabled())
@@ -186,6 +202,10 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   const bool sequence_parallel = tp_ && tp_.sequence_parallel;
   const int64_t seq = hidden.size(1) * (sequence_parallel ? tp_.group->size() : 1);
   LanguageModelLosses losses;
+  if (cp_) {  // this rank's chunks of the sequence, whose targets are the tokens after them
+    losses.next_token = head_loss(hidden, context_parallel_part(tokens.narrow(1, 1, seq * cp_->size()), *cp_, 1), tp_);
+    return losses;
+  }
   losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq), tp_);
   const int64_t depths = config_.num_nextn_predict_layers;
   if (!with_mtp || depths == 0) return losses;

@@ -2,16 +2,17 @@
 
 namespace dstrain {
 
-MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group,
+MoeBalancing::MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, int context_parts,
                            Communicator& sequence_parts, const ModelConfig& model, int64_t micro_batches,
                            const torch::Device& device)
     : layers_(std::move(layers)),
       token_group_(token_group),
+      context_parts_(context_parts),
       sequence_parts_(sequence_parts),
       experts_(model.n_routed_experts),
       bias_update_speed_(model.bias_update_speed),
       reports_balance_loss_(model.aux_loss_alpha > 0),
-      loss_divisor_(static_cast<double>(micro_batches * token_group.size())),
+      loss_divisor_(static_cast<double>(micro_batches * (token_group.size() / context_parts))),
       device_(device),
       expert_parts_(layers_.empty() ? 1 : layers_.front().second->expert_shard().count) {}
 

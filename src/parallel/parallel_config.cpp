@@ -14,7 +14,12 @@ void add_parallel_options(OptionTable& t) {
   t.add("parallel.sequence_parallel", OptionKind::kBool, "true",
         "with parallel.tp > 1: norms and residuals hold 1/tp of the sequence, the split layers' all-reduces "
         "becoming an all-gather and a reduce-scatter (train.seq_len must then split over tp)");
-  t.add("parallel.cp", OptionKind::kInt, "1", "context-parallel ranks (1: context parallelism is not available yet)");
+  t.add("parallel.cp", OptionKind::kInt, "1",
+        "context-parallel ranks: each sequence is cut into 2 × cp chunks, rank i holding chunks i and 2 cp - 1 - i, "
+        "and attention runs over the ring of the cp group (train.seq_len must split into 2 × cp chunks)");
+  t.add("parallel.cp_mla", OptionKind::kString, "latent",
+        "with parallel.cp > 1, what MLA passes around the ring: latent (each token's compressed latent and rope "
+        "key, expanded by every rank's kv_b_proj) or heads (the per-head keys and values)");
   t.add("parallel.dp", OptionKind::kInt, "0", "data-parallel ranks (0: number of ranks / (tp × cp × pp))");
   t.add("parallel.pp", OptionKind::kInt, "1", "pipeline-parallel stages");
   t.add("parallel.ep", OptionKind::kInt, "1",
@@ -51,8 +56,11 @@ void add_comm_options(OptionTable& t) {
 
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
-  if (o.get_int("parallel.cp", 1, INT32_MAX) > 1)
-    throw config_error("parallel.cp", o.raw("parallel.cp"), "context parallelism is not available yet; use 1");
+  c.cp = static_cast<int>(o.get_int("parallel.cp", 1, INT32_MAX));
+  const std::string passed = o.get_string("parallel.cp_mla");
+  if (passed != "latent" && passed != "heads")
+    throw config_error("parallel.cp_mla", passed, "expected latent or heads");
+  c.cp_latent = passed == "latent";
   c.tp = static_cast<int>(o.get_int("parallel.tp", 1, INT32_MAX));
   c.sequence_parallel = c.tp > 1 && o.get_bool("parallel.sequence_parallel");
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));
@@ -92,6 +100,19 @@ void check_expert_parallelism(const ParallelConfig& c, int64_t routed_experts) {
                            ", so that every expert-parallel rank holds as many experts");
 }
 
+void check_context_parallelism(const ParallelConfig& c, const ModelConfig& model, int64_t seq_len) {
+  if (c.cp == 1) return;
+  if (seq_len % (2 * c.cp) != 0)
+    throw config_error("parallel.cp", std::to_string(c.cp),
+                       "train.seq_len = " + std::to_string(seq_len) + " must split into 2 × cp = " +
+                           std::to_string(2 * c.cp) + " chunks of equal length");
+  if (model.num_nextn_predict_layers > 0)
+    throw config_error("parallel.cp", std::to_string(c.cp),
+                       "multi-token prediction (model.num_nextn_predict_layers = " +
+                           std::to_string(model.num_nextn_predict_layers) +
+                           ") does not run with context parallelism yet; use 1, or set it to 0");
+}
+
 void check_tensor_parallelism(const ParallelConfig& c, const ModelConfig& model, int64_t seq_len) {
   if (c.tp == 1) return;
   auto must_divide = [&](const std::string& key, int64_t value) {
@@ -108,10 +129,11 @@ void check_tensor_parallelism(const ParallelConfig& c, const ModelConfig& model,
   if (model.n_routed_experts > 0 && model.n_shared_experts > 0)
     must_divide("the shared experts' width (model.moe_intermediate_size × n_shared_experts)",
                 model.moe_intermediate_size * model.n_shared_experts);
-  if (c.sequence_parallel && seq_len % c.tp != 0)
+  const int64_t held = seq_len / c.cp;  // the positions of a rank's chunks
+  if (c.sequence_parallel && held % c.tp != 0)
     throw config_error("parallel.tp", std::to_string(c.tp),
-                       "must divide train.seq_len = " + std::to_string(seq_len) +
-                           " under sequence parallelism (or set parallel.sequence_parallel = false)");
+                       "must divide train.seq_len" + std::string(c.cp > 1 ? " / parallel.cp" : "") + " = " +
+                           std::to_string(held) + " under sequence parallelism (or set parallel.sequence_parallel = false)");
 }
 
 const EnumNames<Backend>& backend_names() {

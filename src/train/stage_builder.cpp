@@ -7,6 +7,7 @@
 #include "dstrain/core/log.h"
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/parameter_shapes.h"
+#include "dstrain/parallel/context_parallel_collectives.h"
 #include "dstrain/parallel/tensor_parallel_collectives.h"
 #include "dstrain/pipeline/partition.h"
 
@@ -111,6 +112,12 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
     options.tensor_parallel = rank.tensor_parallel.get();
     options.sequence_parallel = c.parallel.sequence_parallel;
   }
+  Communicator& cp = parallel.group(Group::kCp);
+  if (cp.size() > 1) {
+    rank.context_parallel = std::make_unique<ContextParallelCollectives>(cp);
+    options.context_parallel = rank.context_parallel.get();
+    options.context_parallel_latent = c.parallel.cp_latent;
+  }
   const ScheduleKind schedule = c.pipeline.schedule;
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
@@ -132,7 +139,7 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   rank.executor = std::make_unique<PipelineExecutor>(
       std::move(training), std::move(evaluation), stage, *rank.model, *rank.weight_gradients, stages,
       ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device,
-                      c.parallel.sequence_parallel ? c.loop.seq_len / tp.size() : 0});
+                      c.loop.seq_len / cp.size() / (c.parallel.sequence_parallel ? tp.size() : 1)});
   if (c.pipeline.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
   return rank;
 }

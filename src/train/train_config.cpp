@@ -192,6 +192,7 @@ TrainConfig read_model_and_layout(Options& o, int world_size) {
   c.pipeline = read_pipeline_config(o);
   c.comm = read_comm_config(o);
   c.loop = read_loop_config(o, c.model, c.parallel.dp);
+  check_context_parallelism(c.parallel, c.model, c.loop.seq_len);
   check_tensor_parallelism(c.parallel, c.model, c.loop.seq_len);
   // The schedule and the split of the layers, checked now (the trainer makes them again).
   check_schedule(c.pipeline.schedule, c.parallel.pp, c.pipeline.virtual_stages, static_cast<int>(c.loop.grad_accum));

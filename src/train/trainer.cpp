@@ -143,7 +143,8 @@ Trainer::Trainer(Job& job, const std::string& config_text, const std::string& re
       grads_->shards(), AdamWOptions{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay});
   if (c.model.n_routed_experts > 0) {
     auto balancing = std::make_unique<MoeBalancing>(stage_.model->moe_layers(), parallel_.group(Group::kDpCp),
-                                                    parallel_.group(Group::kTp), c.model, c.loop.grad_accum, device);
+                                                    parallel_.group(Group::kCp).size(), parallel_.group(Group::kTp),
+                                                    c.model, c.loop.grad_accum, device);
     balancing_ = balancing.get();
     post_step_hooks_.push_back(std::move(balancing));
   }

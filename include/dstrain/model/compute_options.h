@@ -15,6 +15,7 @@ namespace dstrain {
 class ExpertExchange;          // expert_exchange.h
 class GroupedMatmul;           // grouped_matmul.h
 class TensorParallelGroup;     // tensor_parallel.h
+class ContextParallelGroup;    // context_parallel.h
 class WeightGradientDeferral;  // weight_gradient_deferral.h
 
 struct ComputeOptions {
@@ -43,8 +44,14 @@ struct ComputeOptions {
   TensorParallelGroup* tensor_parallel = nullptr;
   // Sequence parallelism (with tensor_parallel): between the split layers each rank holds 1/T of
   // the sequence (norms, residuals); the layers' all-reduces become an all-gather before and a
-  // reduce-scatter after. MoE layers compute on the gathered sequence, whole on every rank.
+  // reduce-scatter after. MoE layers route each rank's own tokens (moe.h).
   bool sequence_parallel = false;
+  // Context parallelism: each rank holds two of 2C chunks of every sequence, and attention runs
+  // over the ring of this group (context_parallel.h); nullptr: whole sequences.
+  ContextParallelGroup* context_parallel = nullptr;
+  // With context_parallel, what MLA passes around the ring: its compressed latent and rope key
+  // (true: parallel.cp_mla = latent), or the per-head keys and values (false: heads).
+  bool context_parallel_latent = true;
 
   SelectiveRecompute selective() const { return {recompute.mode == Recompute::kSelective, rerun_clock}; }
 };

@@ -68,6 +68,7 @@ class AttentionImpl : public torch::nn::Module {
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   TensorParallelRegion tp_;  // heads split over its group (none: all here)
+  ContextParallelGroup* cp_;  // the sequence's chunks over its ring (none: all here)
   int64_t num_heads_, num_kv_heads_, head_dim_;  // this rank's heads
   SelectiveRecompute selective_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};

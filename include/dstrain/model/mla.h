@@ -63,11 +63,19 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   Projected up_project(const Tensors& down, const RopeTables& rope);
   // Training: the latent expanded, [query, key, value] as attention takes them.
   Tensors attention_inputs(const Tensors& down, const RopeTables& rope);
+  // The keys [B, H, S, qk] and values [B, H, S, v] of latents [B, S, kv_lora] (normalised) and
+  // rope keys [B, S, rope] (rotated), through kv_b_proj.
+  std::pair<torch::Tensor, torch::Tensor> keys_values(const torch::Tensor& latent, const torch::Tensor& k_rope);
+  // Context parallelism: the heads' outputs [B, H, S, v] by ring attention, the latents and rope
+  // keys (or the keys and values) passing around the ring.
+  torch::Tensor ring_attention_of(const Tensors& down, const RopeTables& rope);
   // Attention over cached latents and RoPE keys ([B, keys, ·]) with kv_b_proj absorbed, for
   // queries [B, H, S, qk]; `visible` [B or 1, 1, S, keys] (true: attended). Returns o_proj's output.
   torch::Tensor attend_latents(const torch::Tensor& query, const torch::Tensor& latent, const torch::Tensor& k_rope,
                                const torch::Tensor& visible);
   TensorParallelRegion tp_;  // heads split over its group (none: all here)
+  ContextParallelGroup* cp_;  // the sequence's chunks over its ring (none: all here)
+  bool ring_passes_latent_;   // ComputeOptions::context_parallel_latent
   int64_t heads_, nope_, rope_dim_, v_dim_, kv_lora_rank_;  // heads_: this rank's
   double scale_;
   SelectiveRecompute selective_;

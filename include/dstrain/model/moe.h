@@ -35,6 +35,7 @@
 
 #include "dstrain/core/torch_api.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,12 +63,14 @@ Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, con
 // The sequence-wise balance loss of `routing` over `sequences` sequences of equal length:
 // alpha × mean over sequences of Σ_i f_i P_i, with f_i = E / (k T) × (tokens of the sequence
 // sent to expert i) and P_i the mean over its tokens of expert i's score normalised over experts.
-// With `parts` (tensor parallelism), `routing` holds this rank's part of each sequence, which is
-// `sequence_length` tokens long in all: f counts the whole sequences' choices (summed over the
-// group) and P sums this rank's tokens alone, so that the group's losses add up to the whole
+// With `sum_over_parts` (tensor and context parallelism: in place, the sum over the ranks holding
+// the other parts of the same sequences), `routing` holds this rank's part of each sequence, which
+// is `sequence_length` tokens long in all: f counts the whole sequences' choices (summed over the
+// parts) and P sums this rank's tokens alone, so that the parts' losses add up to the whole
 // sequences' loss and each rank's gradient is its own tokens'.
 torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, const ModelConfig& config,
-                                    TensorParallelGroup* parts = nullptr, int64_t sequence_length = 0);
+                                    const std::function<void(torch::Tensor&)>& sum_over_parts = {},
+                                    int64_t sequence_length = 0);
 
 class MoEImpl : public torch::nn::Module {
  public:
@@ -110,6 +113,7 @@ class MoEImpl : public torch::nn::Module {
 
   ModelConfig config_;
   TensorParallelRegion tp_;
+  ContextParallelGroup* cp_;
   std::unique_ptr<ExpertExchange> local_exchange_;  // without one handed in
   ExpertExchange* exchange_;
   ExpertShard shard_;

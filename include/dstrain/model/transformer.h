@@ -59,9 +59,14 @@ class DecoderStackImpl : public torch::nn::Module {
  private:
   // Layer `index` of the chunk (the multi-token prediction modules' count after the last) on
   // `input`, rerun in the backward pass when full recomputation covers it.
-  torch::Tensor run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input);
+  torch::Tensor run_layer(DecoderLayerImpl& layer, int64_t index, const torch::Tensor& input,
+                          const RopeTables& rope);
+  // The tables at the positions of this rank's chunks (context parallelism), `positions` of them.
+  RopeTables context_rope(int64_t positions) const;
 
   LayerSlice slice_;
+  ContextParallelGroup* cp_;  // the sequence's chunks over its ring (none: whole sequences)
+  int64_t sequence_parts_;    // sequence parallelism's tp: a layer's input holds 1/T of the positions
   RecomputePlan recompute_;  // full: which layers rerun their forward pass in the backward pass
   RerunClock* rerun_clock_;
   int64_t max_seq_len_;
@@ -121,6 +126,7 @@ class CausalLMImpl : public torch::nn::Module {
   bool cuda_kernels_;        // the loss's kernel (ComputeOptions::cuda_kernels)
   bool carries_embeddings_;  // stage activations are [hidden; embeddings]
   TensorParallelRegion tp_;  // the LM head's vocabulary split over its group (none: whole)
+  ContextParallelGroup* cp_;  // the sequence's chunks over its ring (none: whole sequences)
   DecoderStack model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };

@@ -21,16 +21,19 @@ namespace dstrain {
 class MoeBalancing : public PostStepHook {
  public:
   // `layers`: this stage's MoE layers by global layer index (none on a stage without them);
-  // `token_group`: the stage's ranks that route other sequences (their loads are summed over it);
-  // `sequence_parts`: the ranks that route parts of the same sequences (tensor parallelism: loads
-  // and balance losses are summed over it too); `micro_batches`: per rank and step; `device`: the model's.
-  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, Communicator& sequence_parts,
-               const ModelConfig& model, int64_t micro_batches, const torch::Device& device);
+  // `token_group`: the stage's ranks that route other tokens (their loads are summed over it),
+  // whose `context_parts` ranks in a row route parts of the same sequences (context parallelism);
+  // `sequence_parts`: further ranks routing parts of the same sequences (tensor parallelism: loads
+  // and balance losses, each rank's its part's, are summed over it too); `micro_batches`: per rank
+  // and step; `device`: the model's.
+  MoeBalancing(std::vector<std::pair<int64_t, MoE>> layers, Communicator& token_group, int context_parts,
+               Communicator& sequence_parts, const ModelConfig& model, int64_t micro_batches,
+               const torch::Device& device);
 
   void after_step(const torch::Tensor& skipped) override;
   // The micro-batches of the coming step on each rank (a batch-size ramp-up changes them).
   void set_micro_batches(int64_t micro_batches) {
-    loss_divisor_ = static_cast<double>(micro_batches * token_group_.size());
+    loss_divisor_ = static_cast<double>(micro_batches * (token_group_.size() / context_parts_));
   }
   // "balance_loss" (with model.aux_loss_alpha): the step's balance loss of this stage's layers,
   // mean over micro-batches and the token group's ranks, summed over layers; 0 without MoE layers.
@@ -48,6 +51,7 @@ class MoeBalancing : public PostStepHook {
  private:
   std::vector<std::pair<int64_t, MoE>> layers_;
   Communicator& token_group_;
+  int context_parts_;
   Communicator& sequence_parts_;
   int64_t experts_;
   double bias_update_speed_;

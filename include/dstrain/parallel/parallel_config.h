@@ -16,7 +16,8 @@ struct ModelConfig;
 struct ParallelConfig {
   int tp = 1;  // tensor parallelism
   bool sequence_parallel = false;  // with tp > 1: norms and residuals hold 1/tp of the sequence
-  int cp = 1;  // context parallelism (1 until it is built)
+  int cp = 1;  // context parallelism
+  bool cp_latent = true;  // MLA passes its latent around the cp ring (else the per-head keys and values)
   int dp = 1;  // resolved: never 0 after read_parallel_config
   int pp = 1;
   // Expert parallelism: each MoE layer's routed experts split over `ep` ranks of the tp × cp × dp
@@ -50,6 +51,9 @@ ParallelConfig read_parallel_config(Options& options, int world_size);
 // heads), the vocabulary, the dense MLPs' and the shared experts' widths, and under sequence
 // parallelism the sequence. Throws Error(kUsage) naming parallel.tp and the number.
 void check_tensor_parallelism(const ParallelConfig& parallel, const ModelConfig& model, int64_t seq_len);
+// parallel.cp against the model and train.seq_len: the sequence must split into 2 × cp chunks,
+// and the model have no multi-token prediction (not yet). Throws Error(kUsage) naming parallel.cp.
+void check_context_parallelism(const ParallelConfig& parallel, const ModelConfig& model, int64_t seq_len);
 // parallel.ep against the model: it must have routed experts, and ep must divide their number.
 void check_expert_parallelism(const ParallelConfig& parallel, int64_t routed_experts);
 CommConfig read_comm_config(const Options& options);

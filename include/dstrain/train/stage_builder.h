@@ -13,6 +13,7 @@
 #include "dstrain/data/loader.h"
 #include "dstrain/parallel/parallel_context.h"
 #include "dstrain/model/compute_options.h"
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/tensor_parallel.h"
 #include "dstrain/parallel/expert_all_to_all.h"
@@ -32,6 +33,7 @@ struct RankStage {
   std::unique_ptr<WeightGradientStore> weight_gradients;
   std::unique_ptr<ExpertAllToAll> expert_exchange;  // expert parallelism only
   std::unique_ptr<TensorParallelGroup> tensor_parallel;  // tensor parallelism only
+  std::unique_ptr<ContextParallelGroup> context_parallel;  // context parallelism only
   std::unique_ptr<LanguageModelStage> model;
   std::unique_ptr<PipelineExecutor> executor;
 
