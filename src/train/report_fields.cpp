@@ -93,6 +93,20 @@ StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing) {
   };
 }
 
+StepReport::FieldSource context_parallel_ring_field(const ContextParallelGroup& ring, ParallelContext& parallel,
+                                                    int64_t start_step) {
+  auto last = std::make_shared<std::pair<int64_t, int64_t>>(start_step, ring.bytes_passed());  // step, bytes
+  return [&ring, &parallel, last](nlohmann::json& record) {
+    const int64_t step = record["step"].get<int64_t>();
+    const double steps = static_cast<double>(std::max<int64_t>(1, step - last->first));
+    torch::Tensor per_step =
+        torch::tensor({static_cast<double>(ring.bytes_passed() - last->second) / steps}, torch::kFloat64);
+    *last = {step, ring.bytes_passed()};
+    parallel.world().all_reduce(per_step, ReduceOp::kAvg);
+    record["cp_ring_bytes"] = per_step[0].item<double>();
+  };
+}
+
 StepReport::FieldSource expert_exchange_field(ExpertAllToAll& exchange, PipelineExecutor& executor,
                                               ParallelContext& parallel, int64_t start_step) {
   auto last_step = std::make_shared<int64_t>(start_step);

@@ -179,6 +179,8 @@ void Trainer::open_run_directory() {
   if (parallel_.group(Group::kPp).size() > 1)
     report_->add_field_source(pipeline_bubble_field(*stage_.executor, parallel_));
   if (balancing_) report_->add_field_source(expert_balance_field(*balancing_));
+  if (stage_.context_parallel)
+    report_->add_field_source(context_parallel_ring_field(*stage_.context_parallel, parallel_, state_->start_step()));
   if (stage_.expert_exchange)
     report_->add_field_source(
         expert_exchange_field(*stage_.expert_exchange, *stage_.executor, parallel_, state_->start_step()));

@@ -7,6 +7,7 @@
 
 #include "dstrain/core/fp8_quantization.h"
 #include "dstrain/parallel/expert_all_to_all.h"
+#include "world_communicator.h"
 #include "dstrain/parallel/mpi_communicator.h"
 
 using namespace dstrain;
@@ -66,9 +67,8 @@ RankRows rank_rows(const Communicator& group, int seed) {
 }  // namespace
 
 TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
-  MPI_Comm dup = MPI_COMM_NULL;
-  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
-  MpiCommunicator group(dup);
+  const std::unique_ptr<MpiCommunicator> world = world_communicator();
+  MpiCommunicator& group = *world;
   const int rank = group.rank();
   const RankRows in = rank_rows(group, 100);
   const int64_t experts = in.experts;
@@ -109,9 +109,8 @@ TEST(ExpertAllToAll, EqualsEveryExpertComputedOnTheRankItself) {
 // gradient taken as the identity), and the bytes sent those of one byte per element plus the
 // scales on the way out, whole elements for the rest.
 TEST(ExpertAllToAll, Fp8DispatchSendsQuantizedRowsAndWholeGradients) {
-  MPI_Comm dup = MPI_COMM_NULL;
-  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
-  MpiCommunicator group(dup);
+  const std::unique_ptr<MpiCommunicator> world = world_communicator();
+  MpiCommunicator& group = *world;
   const int rank = group.rank();
   const RankRows in = rank_rows(group, 200);
   const int64_t experts = in.experts, total = in.total;

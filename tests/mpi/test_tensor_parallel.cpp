@@ -12,6 +12,7 @@
 #include "dstrain/model/transformer.h"
 #include "dstrain/parallel/mpi_communicator.h"
 #include "dstrain/parallel/tensor_parallel_collectives.h"
+#include "world_communicator.h"
 
 using namespace dstrain;
 
@@ -19,14 +20,8 @@ namespace {
 
 // Every rank of the world as one tensor-parallel group.
 struct WorldGroup {
-  WorldGroup() {
-    MPI_Comm dup = MPI_COMM_NULL;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS) throw std::runtime_error("MPI_Comm_dup failed");
-    communicator = std::make_unique<MpiCommunicator>(dup);
-    group = std::make_unique<TensorParallelCollectives>(*communicator);
-  }
-  std::unique_ptr<MpiCommunicator> communicator;
-  std::unique_ptr<TensorParallelCollectives> group;
+  std::unique_ptr<MpiCommunicator> communicator = world_communicator();
+  std::unique_ptr<TensorParallelCollectives> group = std::make_unique<TensorParallelCollectives>(*communicator);
 };
 
 constexpr double kFp64 = 1e-12;

@@ -72,7 +72,9 @@ TEST_F(ConfigTest, DerivedValuesAreResolvedAndRecorded) {
   EXPECT_EQ(c.loop.grad_accum, 2);  // 12 / (3 × 2)
   EXPECT_EQ(c.optim.decay_steps, 7);
   std::string ini = options.to_ini();
-  EXPECT_NE(ini.find("[parallel]\ntp = 1\nsequence_parallel = true\ncp = 1\ndp = 2\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("[parallel]\ntp = 1\nsequence_parallel = true\ncp = 1\ncp_mla = latent\ndp = 2\n"),
+            std::string::npos)
+      << ini;
   EXPECT_NE(ini.find("order = tp-cp-ep-dp-pp\n"), std::string::npos) << ini;  // completed
   EXPECT_NE(ini.find("grad_accum = 2\n"), std::string::npos) << ini;
 

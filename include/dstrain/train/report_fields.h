@@ -7,6 +7,7 @@
 #include "dstrain/parallel/expert_all_to_all.h"
 #include "dstrain/parallel/parallel_context.h"
 #include "dstrain/pipeline/executor.h"
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/report/step_report.h"
 #include "dstrain/train/model_gradients.h"
 
@@ -18,6 +19,11 @@ StepReport::FieldSource pipeline_bubble_field(PipelineExecutor& executor, Parall
 // This stage's MoE layers: max/mean of the tokens their experts received in the last step, and
 // under expert parallelism the same for the expert-parallel ranks and the ranks a token reached.
 StepReport::FieldSource expert_balance_field(const MoeBalancing& balancing);
+// Context parallelism: "cp_ring_bytes", the bytes a rank passed around the cp ring a step in the
+// interval (its keys and values, or MLA's latents, and their gradients back; an evaluation's
+// passes count in the interval it ran in).
+StepReport::FieldSource context_parallel_ring_field(const ContextParallelGroup& ring, ParallelContext& parallel,
+                                                    int64_t start_step);
 // Expert parallelism: the share of the interval's time spent exchanging tokens (dispatch and
 // combine, forward and backward, waits for peers included), averaged over every rank (collective);
 // with DualPipeV's pairs side by side, the share of that time the other lane's computation hid.
