@@ -96,7 +96,10 @@ nlohmann::json step(Options o) {
                         {"recompute", o.raw("train.recompute")},
                         // Warm-up included; on a GPU only the time to queue the reruns (recompute.h).
                         {"rerun_s_per_step", result.rerun_seconds / static_cast<double>(warmup + timed)},
-                        {"final_loss", result.final_loss}};
+                        {"final_loss", result.final_loss},
+                        // context parallelism: what a rank passed around the ring a step, both ways
+                        {"cp_ring_bytes_per_step", static_cast<double>(result.ring_bytes) /
+                                                       static_cast<double>(warmup + timed)}};
   char figures[128];
   std::snprintf(figures, sizeof figures, "bench step: %.0f tok/s over %lld timed steps", result.tokens_per_s,
                 static_cast<long long>(timed));
@@ -109,6 +112,9 @@ nlohmann::json step(Options o) {
     line += ", peak memory " + format_bytes(static_cast<double>(result.peak_memory_bytes));
   line += ", activations " + format_bytes(static_cast<double>(result.peak_activation_bytes)) + " (recompute " +
           o.raw("train.recompute") + ")";
+  if (result.ring_bytes > 0)
+    line += ", cp ring " + format_bytes(static_cast<double>(result.ring_bytes) / static_cast<double>(warmup + timed)) +
+            " a step";
   log::info(line);
   return out;
 }

@@ -17,7 +17,16 @@ namespace {
 double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
   const double heads = static_cast<double>(c.num_heads);
   const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
-  const double scores = o.fused.attention ? heads : selective ? 0.0 : probabilities;
+  // The ring keeps a pair's fp32 scores and probabilities: a query sees half the keys on average.
+  const double ring = heads * static_cast<double>(o.seq_len * o.context_parallel) * 4.0 / o.element_bytes;
+  double scores = o.context_parallel > 1 ? ring : o.fused.attention ? heads : selective ? 0.0 : probabilities;
+  if (o.context_parallel > 1) {
+    // The other ranks' keys and values, expanded to every head where they arrived, and each
+    // step's merged output with its weights.
+    const double steps = static_cast<double>(o.context_parallel);
+    const double key_value = c.is_mla() ? c.qk_head_dim() + c.value_head_dim() : 2.0 * c.head_dim();
+    scores += (steps - 1.0) * heads * key_value + 2.0 * steps * heads * (c.is_mla() ? c.value_head_dim() : c.head_dim());
+  }
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
   const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
   const double rope = static_cast<double>(c.qk_rope_head_dim);

@@ -44,7 +44,8 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelG
                                            const FusedOperations& fused) {
   ActivationMemoryOptions o;
   o.micro_batch = c.loop.micro_batch;
-  o.seq_len = c.loop.seq_len;
+  o.context_parallel = grid.size(Group::kCp);
+  o.seq_len = c.loop.seq_len / o.context_parallel;  // a rank's chunks
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
   o.fused = fused;
   o.tokens_exchanged = grid.size(Group::kEp) > 1;

@@ -352,6 +352,7 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   parallel_.world().all_reduce(peak, ReduceOp::kMax);
   result.peak_activation_bytes = static_cast<int64_t>(peak.item<double>());
   result.rerun_seconds = stage_.rerun_clock->seconds();
+  if (stage_.context_parallel) result.ring_bytes = stage_.context_parallel->bytes_passed();
   result.param_digest = state_->finish_model(config_.loop.steps);
   write_run_summary(config_, parallel_, placement_, *optimizer_, result, validator_->enabled(), seconds);
   if (parallel_.world_rank() == 0)  // (the rank that wrote the summary)

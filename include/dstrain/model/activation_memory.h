@@ -48,6 +48,10 @@ struct ActivationMemoryOptions {
   // sequence's; with sequence parallelism the norms and residuals hold 1/tensor_parallel of it.
   int64_t tensor_parallel = 1;
   bool sequence_parallel = false;
+  // Context parallelism: seq_len is a rank's share of the sequence (its chunks), whose queries
+  // attend to context_parallel × seq_len keys through the ring, unfused: for each pair of chunks
+  // it computes, the scores and probabilities are kept (model/context_parallel.cpp).
+  int64_t context_parallel = 1;
 };
 
 // Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per

@@ -26,6 +26,9 @@ struct TrainResult {
   int64_t peak_activation_bytes = 0;
   // Host seconds this rank spent rerunning recomputed parts in backward passes (model/recompute.h).
   double rerun_seconds = 0;
+  // Context parallelism: the bytes this rank passed around the cp ring, over the steps this process
+  // ran (evaluations' passes included); 0 without it.
+  int64_t ring_bytes = 0;
   bool requeue = false;           // stopped by a signal after a checkpoint: exit with kRequeue
   // Where the run directory's files are (run_files_text), for `train` to say: on world rank 0,
   // once the summary is written. (A benchmark deletes its run directory and says nothing of it.)
