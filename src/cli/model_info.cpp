@@ -77,6 +77,7 @@ nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan&
            {{"ranks", ranks},
             {"tp", p.tp},
             {"sequence_parallel", p.sequence_parallel},
+            {"cp_mla", p.cp_latent ? "latent" : "heads"},
             {"cp", p.cp},
             {"dp", p.dp},
             {"pp", p.pp},
@@ -103,9 +104,10 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
   std::printf("training FLOPs   %.4g per token at seq_len %lld (forward + backward, attention included)\n",
               training_flops_per_token(config.model, config.loop.seq_len), static_cast<long long>(config.loop.seq_len));
   const std::string ep = config.parallel.ep > 1 ? ", ep " + std::to_string(config.parallel.ep) : "";
-  const std::string tp = config.parallel.tp == 1 ? ""
-                         : "tp " + std::to_string(config.parallel.tp) +
-                               (config.parallel.sequence_parallel ? " (sequence-parallel)" : "") + " x ";
+  std::string tp = config.parallel.tp == 1 ? ""
+                   : "tp " + std::to_string(config.parallel.tp) +
+                         (config.parallel.sequence_parallel ? " (sequence-parallel)" : "") + " x ";
+  if (config.parallel.cp > 1) tp += "cp " + std::to_string(config.parallel.cp) + " x ";
   std::printf("layout           %d rank(s): %sdp %d x pp %d%s%s, %s, micro_batch %lld\n", ranks, tp.c_str(),
               config.parallel.dp, config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "",
               name_of(precision_names(), config.loop.precision).c_str(),
