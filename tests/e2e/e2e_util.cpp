@@ -216,4 +216,34 @@ std::string checkpoint_file(const std::string& run_dir, int step) {
   return run_dir + name;
 }
 
+const std::string& one_rank_run(Trainer train, const std::string& name) {
+  static std::map<std::string, std::string> dirs;
+  const auto found = dirs.find(name);
+  if (found != dirs.end()) return found->second;
+  const std::string dir = scratch_dir(name);
+  const RunOutput run = train(1, dir, {});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  return dirs[name] = dir;
+}
+
+std::vector<std::string> expect_layouts_match_one_rank(Trainer train, const std::string& name, size_t steps,
+                                                       const std::vector<std::string>& keys,
+                                                       const std::vector<RankLayout>& layouts) {
+  const std::string& reference = one_rank_run(train, name + "-one-rank");
+  std::vector<std::string> dirs;
+  for (const RankLayout& layout : layouts) {
+    std::string dir_name = name;
+    for (const std::string& option : layout.options) dir_name += "-" + option.substr(option.rfind('.') + 1);
+    const std::string dir = scratch_dir(dir_name);
+    dirs.push_back(dir);
+    SCOPED_TRACE(dir);
+    const RunOutput run = train(layout.ranks, dir, layout.options);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    if (run.exit_code != 0) continue;
+    expect_same_losses(dir, reference, steps, keys);
+    expect_same_parameters(dir, reference);
+  }
+  return dirs;
+}
+
 }  // namespace dstrain::e2e

@@ -57,4 +57,18 @@ void expect_same_parameters(const std::string& dir, const std::string& reference
 // A run directory's checkpoint of `step`.
 std::string checkpoint_file(const std::string& run_dir, int step);
 
+// A training run of some model: `ranks` (0: no launcher), its run directory, options.
+using Trainer = RunOutput (*)(int ranks, const std::string& run_dir, std::vector<std::string> extra);
+struct RankLayout {
+  int ranks;
+  std::vector<std::string> options;
+};
+// `train`'s run on one rank, once per test process for each `name` (its scratch directory's).
+const std::string& one_rank_run(Trainer train, const std::string& name);
+// Each layout's run of `train` against one_rank_run(train, name), `steps` records each:
+// expect_same_losses over `keys` and expect_same_parameters. The run directories, in order.
+std::vector<std::string> expect_layouts_match_one_rank(Trainer train, const std::string& name, size_t steps,
+                                                       const std::vector<std::string>& keys,
+                                                       const std::vector<RankLayout>& layouts);
+
 }  // namespace dstrain::e2e

@@ -5,8 +5,6 @@
 // beside, and checkpoints moved between layouts.
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include "e2e_util.h"
 
 using namespace dstrain::e2e;
@@ -30,48 +28,6 @@ RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> e
   return train_tiny_v3(ranks, dir, extra);
 }
 
-using Trainer = RunOutput (*)(int, const std::string&, std::vector<std::string>);
-
-const std::string& single_rank(Trainer train, const char* name) {
-  static std::map<std::string, std::string> dirs;
-  auto found = dirs.find(name);
-  if (found != dirs.end()) return found->second;
-  const std::string dir = scratch_dir(std::string("cp-one-rank-") + name);
-  const RunOutput run = train(1, dir, {});
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  return dirs[name] = dir;
-}
-
-struct Layout {
-  int ranks;
-  std::vector<std::string> options;
-};
-
-std::string run_name(const char* model, const std::vector<std::string>& options) {
-  std::string name = std::string("cp-") + model;
-  for (const std::string& option : options) name += "-" + option.substr(option.rfind('.') + 1);
-  return name;
-}
-
-// The run directories, in the order of `layouts`.
-std::vector<std::string> expect_layouts_match_one_rank(Trainer train, const char* model,
-                                                       const std::vector<std::string>& keys,
-                                                       const std::vector<Layout>& layouts) {
-  const std::string& reference = single_rank(train, model);
-  std::vector<std::string> dirs;
-  for (const Layout& layout : layouts) {
-    const std::string dir = scratch_dir(run_name(model, layout.options));
-    dirs.push_back(dir);
-    SCOPED_TRACE(dir);
-    const RunOutput run = train(layout.ranks, dir, layout.options);
-    EXPECT_EQ(run.exit_code, 0) << run.output;
-    if (run.exit_code != 0) continue;
-    expect_same_losses(dir, reference, kSteps, keys);
-    expect_same_parameters(dir, reference);
-  }
-  return dirs;
-}
-
 double ring_bytes(const std::string& dir) { return train_records(dir).front()["cp_ring_bytes"].get<double>(); }
 
 }  // namespace
@@ -79,7 +35,7 @@ double ring_bytes(const std::string& dir) { return train_records(dir).front()["c
 // cp 2 and cp 4 (8 chunks of 4 tokens), cp 2 × dp 2 × pp 2 on 8 ranks and cp 2 × tp 2: every
 // step's loss and gradient norm, and every final parameter by name, within 1e-5 of one rank's.
 TEST(ContextParallel, DenseLayoutsMatchOneRank) {
-  expect_layouts_match_one_rank(train_dense, "dense", kDenseLosses,
+  expect_layouts_match_one_rank(train_dense, "cp-dense", kSteps, kDenseLosses,
                                 {{2, {"--parallel.cp", "2"}},
                                  {4, {"--parallel.cp", "4"}},
                                  {8, {"--parallel.cp", "2", "--parallel.pp", "2"}},
@@ -90,7 +46,7 @@ TEST(ContextParallel, DenseLayoutsMatchOneRank) {
 // over the cp ranks (cp 2 × ep 2) and with tensor parallelism. The latents are the smaller passes.
 TEST(ContextParallel, DeepSeekV3LayoutsMatchOneRank) {
   const std::vector<std::string> dirs =
-      expect_layouts_match_one_rank(train_v3, "v3", kV3Losses,
+      expect_layouts_match_one_rank(train_v3, "cp-v3", kSteps, kV3Losses,
                                     {{2, {"--parallel.cp", "2"}},
                                      {2, {"--parallel.cp", "2", "--parallel.cp_mla", "heads"}},
                                      {4, {"--parallel.cp", "4"}},

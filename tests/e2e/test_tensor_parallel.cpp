@@ -32,45 +32,12 @@ RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> e
   return train_tiny_v3(ranks, dir, extra);
 }
 
-using Trainer = RunOutput (*)(int, const std::string&, std::vector<std::string>);
-
-// The run on one rank, once per test process and model.
-const std::string& single_rank(Trainer train, const char* name) {
-  static std::map<std::string, std::string> dirs;
-  auto found = dirs.find(name);
-  if (found != dirs.end()) return found->second;
-  const std::string dir = scratch_dir(std::string("tp-one-rank-") + name);
-  const RunOutput run = train(1, dir, {});
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  return dirs[name] = dir;
-}
-
-struct Layout {
-  int ranks;
-  std::vector<std::string> options;
-};
-
-void expect_layouts_match_one_rank(Trainer train, const char* model, const std::vector<std::string>& keys,
-                                   const std::vector<Layout>& layouts) {
-  const std::string& reference = single_rank(train, model);
-  for (const Layout& layout : layouts) {
-    std::string name = std::string("tp-") + model;
-    for (const std::string& option : layout.options) name += "-" + option.substr(option.rfind('.') + 1);
-    const std::string dir = scratch_dir(name);
-    SCOPED_TRACE(dir);
-    const RunOutput run = train(layout.ranks, dir, layout.options);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    expect_same_losses(dir, reference, kSteps, keys);
-    expect_same_parameters(dir, reference);
-  }
-}
-
 }  // namespace
 
 // tp 2 and tp 4, with and without sequence parallelism, and tp 2 × pp 2 × dp 2 on 8 ranks: every
 // step's loss and gradient norm, and every final parameter by name, within 1e-5 of one rank's.
 TEST(TensorParallel, DenseLayoutsMatchOneRank) {
-  expect_layouts_match_one_rank(train_dense, "dense", kDenseLosses,
+  expect_layouts_match_one_rank(train_dense, "tp-dense", kSteps, kDenseLosses,
                                 {{2, {"--parallel.tp", "2"}},
                                  {4, {"--parallel.tp", "4"}},
                                  {2, {"--parallel.tp", "2", "--parallel.sequence_parallel", "false"}},
@@ -83,7 +50,7 @@ TEST(TensorParallel, DenseLayoutsMatchOneRank) {
 // on 4 ranks: each expert-parallel group is a tp group), with ZeRO-1, and with a zero-bubble
 // schedule over recomputed layers.
 TEST(TensorParallel, DeepSeekV3LayoutsMatchOneRank) {
-  expect_layouts_match_one_rank(train_v3, "v3", kV3Losses,
+  expect_layouts_match_one_rank(train_v3, "tp-v3", kSteps, kV3Losses,
                                 {{2, {"--parallel.tp", "2"}},
                                  {4, {"--parallel.tp", "4"}},
                                  {2, {"--parallel.tp", "2", "--parallel.sequence_parallel", "false"}},
@@ -136,7 +103,7 @@ TEST(TensorParallel, CheckpointsResumeOnAnyLayout) {
   run = train_v3(4, again, {"--parallel.tp", "2", "--parallel.pp", "2", "--ckpt.resume", middle});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(read_json(again + "/summary.json")["param_digest"], read_json(split + "/summary.json")["param_digest"]);
-  for (const Layout& layout : std::vector<Layout>{{1, {}}, {4, {}}, {4, {"--parallel.tp", "4"}}}) {
+  for (const RankLayout& layout : std::vector<RankLayout>{{1, {}}, {4, {}}, {4, {"--parallel.tp", "4"}}}) {
     const std::string dir = scratch_dir("tp2-pp2-resumed-on-" + std::to_string(layout.ranks) +
                                         (layout.options.empty() ? "" : "-tp4"));
     std::vector<std::string> options = layout.options;
