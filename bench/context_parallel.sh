@@ -26,8 +26,8 @@ run() {  # model, ranks, options...
   local model=$1 ranks=$2
   shift 2
   declare -n args=$model
-  "${mpirun[@]}" -np "$ranks" "$dstrain" bench step "${args[@]}" "${common[@]}" "${steps[@]}" "$@" --bench.json "$work/step.json" \
-    >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+  "${mpirun[@]}" -np "$ranks" "$dstrain" bench step "${args[@]}" "${common[@]}" "${steps[@]}" "$@" \
+    --bench.json "$work/step.json" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
   "$dstrain" model info --json --ranks "$ranks" "${args[@]}" "${common[@]}" "$@" >"$work/info.json"
   python3 - "$work/step.json" "$work/info.json" "$model" "$*" <<'PY'
 import json, sys

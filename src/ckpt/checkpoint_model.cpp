@@ -97,7 +97,8 @@ void load_model_parameters(const CheckpointReader& reader, const NamedTensors& p
       throw Error(ExitCode::kCheckpoint, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) +
                                              ", the model expects " + shape_text(whole));
     const torch::Tensor values = reader.read(dataset);
-    param.copy_(part.whole() ? values : values.narrow(part.dim, part.index * param.size(part.dim), param.size(part.dim)));
+    const int64_t size = part.whole() ? 0 : param.size(part.dim);
+    param.copy_(part.whole() ? values : values.narrow(part.dim, part.index * size, size));
   }
 }
 

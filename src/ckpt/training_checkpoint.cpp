@@ -36,7 +36,8 @@ std::vector<DatasetPiece> place(const std::string& dataset, const torch::Tensor&
   }
   const int64_t width = local.at(1), row = shape.at(1), first_column = part.index * width;
   const int64_t trailing = c10::multiply_integers(local.begin() + 2, local.end());  // (none: 2-D)
-  if (trailing != 1) throw std::invalid_argument(dataset + ": a block of columns of a tensor of more than 2 dimensions");
+  if (trailing != 1)
+    throw std::invalid_argument(dataset + ": a block of columns of a tensor of more than 2 dimensions");
   auto at = [&](int64_t local_element) { return local_element / width * row + first_column + local_element % width; };
   std::vector<DatasetPiece> pieces;
   for (int64_t taken = 0, n = flat.numel(); taken < n;) {
@@ -94,7 +95,8 @@ CheckpointContents checkpoint_contents(const NamedTensors& params, const std::ve
     for (DatasetPiece& piece : place(dataset, tensor.reshape({-1}), local, offset, part))
       contents.owned.push_back(std::move(piece));
   };
-  for (const auto& [name, param] : params) add(model_dataset(name), param, param.sizes().vec(), 0, placement.of(name), true);
+  for (const auto& [name, param] : params)
+    add(model_dataset(name), param, param.sizes().vec(), 0, placement.of(name), true);
   for (const OptimizerStateView& s : optimizer) {
     std::vector<std::pair<std::string, torch::Tensor>> state;
     if (!s.master.is_same(s.param)) state.emplace_back(master_dataset(s.name), s.master);

@@ -25,7 +25,8 @@ double attention_elements(const ModelConfig& c, bool selective, const Activation
     // step's merged output with its weights.
     const double steps = static_cast<double>(o.context_parallel);
     const double key_value = c.is_mla() ? c.qk_head_dim() + c.value_head_dim() : 2.0 * c.head_dim();
-    scores += (steps - 1.0) * heads * key_value + 2.0 * steps * heads * (c.is_mla() ? c.value_head_dim() : c.head_dim());
+    const double value = c.is_mla() ? c.value_head_dim() : c.head_dim();
+    scores += (steps - 1.0) * heads * key_value + 2.0 * steps * heads * value;
   }
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
   const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);

@@ -76,7 +76,8 @@ Routing route_tokens(const torch::Tensor& logits, const torch::Tensor& bias, con
 }
 
 torch::Tensor sequence_balance_loss(const Routing& r, int64_t sequences, const ModelConfig& c,
-                                    const std::function<void(torch::Tensor&)>& sum_over_parts, int64_t sequence_length) {
+                                    const std::function<void(torch::Tensor&)>& sum_over_parts,
+                                    int64_t sequence_length) {
   const bool parts = static_cast<bool>(sum_over_parts);
   const int64_t experts = r.scores.size(1), k = c.num_experts_per_tok;
   const int64_t per_sequence = r.scores.size(0) / sequences;  // this rank's tokens of each

@@ -133,7 +133,8 @@ void check_tensor_parallelism(const ParallelConfig& c, const ModelConfig& model,
   if (c.sequence_parallel && held % c.tp != 0)
     throw config_error("parallel.tp", std::to_string(c.tp),
                        "must divide train.seq_len" + std::string(c.cp > 1 ? " / parallel.cp" : "") + " = " +
-                           std::to_string(held) + " under sequence parallelism (or set parallel.sequence_parallel = false)");
+                           std::to_string(held) +
+                           " under sequence parallelism (or set parallel.sequence_parallel = false)");
 }
 
 const EnumNames<Backend>& backend_names() {

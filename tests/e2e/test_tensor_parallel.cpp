@@ -28,7 +28,8 @@ RunOutput train_dense(int ranks, const std::string& dir, std::vector<std::string
 }
 
 RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> extra) {
-  extra.insert(extra.begin(), {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "3"});
+  extra.insert(extra.begin(),
+               {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "3"});
   return train_tiny_v3(ranks, dir, extra);
 }
 

@@ -52,7 +52,9 @@ void expect_ring_equals_full_attention(int64_t chunk) {
   RingAttentionInputs in;
   in.query = my_q;
   in.passed = passed;
-  in.keys_values = [dq, dv](const torch::Tensor& t) { return std::make_pair(t.narrow(-1, 0, dq), t.narrow(-1, dq, dv)); };
+  in.keys_values = [dq, dv](const torch::Tensor& t) {
+    return std::make_pair(t.narrow(-1, 0, dq), t.narrow(-1, dq, dv));
+  };
   in.scale = scale;
   const torch::Tensor out = ring_attention(in, cp);
   out.backward(mine(upstream));

@@ -34,7 +34,8 @@ StageParameters stage_parameters(const ModelConfig& model, const std::vector<Lay
 FusedOperations fused_operations(const TrainConfig& config);
 
 // Per rank of the configuration's grid (parallel_grid.h): the replicated parameters whole (the
-// split ones 1/tp) and 1/ep of the routed experts, their fp32 gradients, and their optimizer state (fp32 moments, and fp32
+// split ones 1/tp) and 1/ep of the routed experts, their fp32 gradients, and their optimizer
+// state (fp32 moments, and fp32
 // masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the same
 // parameters: the dp-cp group for the replicated part, the edp group for the experts. The state
 // is that of the stage holding the most; the activations those of the stage whose step peaks
