@@ -132,27 +132,34 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
 }
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
-  torch::Tensor routed;
+  const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   const int64_t context_parts = cp_ ? cp_->size() : 1;
+  torch::Tensor flat = x.reshape({batch * seq, hidden}), routed, balance;
   if (!tp_ || tp_.sequence_parallel) {  // this rank's tokens are those it holds
-    routed = route_and_compute(x, x.size(1) * (tp_ ? tp_.group->size() : 1) * context_parts, pass);
+    routed = route_and_compute(flat, batch, seq * (tp_ ? tp_.group->size() : 1) * context_parts, pass, balance);
   } else {
     // Every rank holds the whole sequence and routes its part of it. The copy's backward pass
     // sums the group's gradients of x (each has its part's); the sum joins the parts' outputs.
     TensorParallelGroup& group = *tp_.group;
-    const int64_t seq = x.size(1);
     const auto [start, size] = part_of(seq, group.rank(), group.size());
+    const torch::Tensor part = copy_to_tensor_parallel(x, group).narrow(1, start, size).reshape({batch * size, hidden});
     const torch::Tensor mine =
-        route_and_compute(copy_to_tensor_parallel(x, group).narrow(1, start, size), seq * context_parts, pass);
-    auto zeros = [&](int64_t n) { return torch::zeros({x.size(0), n, x.size(2)}, mine.options()); };
-    routed = reduce_from_tensor_parallel(torch::cat({zeros(start), mine, zeros(seq - start - size)}, 1), group);
+        route_and_compute(part, batch, seq * context_parts, pass, balance).view({batch, size, hidden});
+    auto zeros = [&](int64_t n) { return torch::zeros({batch, n, hidden}, mine.options()); };
+    routed = reduce_from_tensor_parallel(torch::cat({zeros(start), mine, zeros(seq - start - size)}, 1), group)
+                 .view({batch * seq, hidden});
   }
-  return shared_experts_ ? routed + shared_experts_(x) : routed;
+  torch::Tensor out = (shared_experts_ ? routed + shared_experts_(flat) : routed).view({batch, seq, hidden});
+  if (!balance.defined()) return out;
+  // Under context parallelism the gradients are averaged over the cp ranks, whose balance losses
+  // are parts of one (each of its own tokens): each rank's part counts cp times, so that the
+  // average is the whole loss's gradient. (tp's parts are summed instead.)
+  return attach_auxiliary_loss(out, cp_ ? balance * static_cast<double>(context_parts) : balance, aux_gradient_factor_);
 }
 
-torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& own, int64_t seq, Pass pass) {
-  const int64_t batch = own.size(0), tokens = own.size(1), hidden = own.size(2), k = config_.num_experts_per_tok;
-  torch::Tensor flat = own.reshape({batch * tokens, hidden});
+torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& flat, int64_t sequences, int64_t seq, Pass pass,
+                                         torch::Tensor& balance) {
+  const int64_t k = config_.num_experts_per_tok;
   torch::Tensor logits = torch::nn::functional::linear(flat.to(torch::kFloat32), gate_weight_.to(torch::kFloat32));
   Routing routing = route_tokens(logits, bias_, config_);
 
@@ -170,9 +177,8 @@ torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& own, int64_t seq, 
   }
   if (first_pass && shard_.count > 1) count_ranks_reached(routing.experts);
   torch::Tensor inputs = flat.index_select(0, token_of);
-  torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(own.scalar_type()).unsqueeze(1);
-  torch::Tensor out = torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
-  out = out.view({batch, tokens, hidden});
+  torch::Tensor weights = routing.weights.reshape({-1}).index_select(0, order).to(flat.scalar_type()).unsqueeze(1);
+  torch::Tensor routed = torch::zeros_like(flat).index_add(0, token_of, routed_experts(inputs, counts) * weights);
   if (is_training() && config_.aux_loss_alpha > 0) {
     std::function<void(torch::Tensor&)> sum_over_parts;
     if (tp_ || cp_)
@@ -180,17 +186,13 @@ torch::Tensor MoEImpl::route_and_compute(const torch::Tensor& own, int64_t seq, 
         if (tp_) tp_.group->all_reduce_sum(t);
         if (cp_) cp_->all_reduce_sum(t);
       };
-    const torch::Tensor balance = sequence_balance_loss(routing, batch, config_, sum_over_parts, seq);
+    balance = sequence_balance_loss(routing, sequences, config_, sum_over_parts, seq);
     if (first_pass) {
       torch::NoGradGuard no_grad;
       balance_loss_ += balance.detach().to(balance_loss_.scalar_type());
     }
-    // Under context parallelism the gradients are averaged over the cp ranks, whose balance losses
-    // are parts of one (each of its own tokens): each rank's part counts cp times, so that the
-    // average is the whole loss's gradient. (tp's parts are summed instead.)
-    out = attach_auxiliary_loss(out, cp_ ? balance * static_cast<double>(cp_->size()) : balance, aux_gradient_factor_);
   }
-  return out;
+  return routed;
 }
 
 torch::Tensor MoEImpl::routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts) {

@@ -188,7 +188,8 @@ TEST(ModelInfo, PlansEveryShippedConfigurationAsItIs) {
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const nlohmann::json plan = nlohmann::json::parse(run.output);
     const nlohmann::json& layout = plan["layout"];
-    EXPECT_EQ(layout["ranks"].get<int>(), layout["pp"].get<int>() * layout["dp"].get<int>());
+    EXPECT_EQ(layout["ranks"].get<int>(), layout["tp"].get<int>() * layout["cp"].get<int>() *
+                                              layout["pp"].get<int>() * layout["dp"].get<int>());
     EXPECT_EQ(layout["dp"].get<int>(), layout["ep"].get<int>());  // the fewest ranks: one expert-parallel group
     const double parameter_bytes = plan["memory_per_rank"]["parameters"].get<double>();
     if (layout["pp"] == 1) {

@@ -105,8 +105,8 @@ TEST(ParallelOrder, EveryOrderTheGridTakesTrainsWhatTheDefaultTrains) {
   EXPECT_EQ(refused.output.find("step 1/"), std::string::npos) << refused.output;
 }
 
-// model info and eval read the same [parallel] options as train: the order, the sizes not built
-// yet refused alike, and log.rank_groups listing each group's ranks.
+// model info and eval read the same [parallel] options as train: the order, sizes that do not fit
+// the model refused alike, and log.rank_groups listing each group's ranks.
 TEST(ParallelOrder, ModelInfoAndEvalTakeTheParallelOptionsOfTrain) {
   const std::string v3 = std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny-v3.ini";
   const RunOutput info = run_dstrain(0, {"model", "info", "--config", v3, "--json", "--parallel.pp", "2",
@@ -116,8 +116,8 @@ TEST(ParallelOrder, ModelInfoAndEvalTakeTheParallelOptionsOfTrain) {
   EXPECT_EQ(planned["layout"]["order"], "pp-tp-cp-ep-dp");
   EXPECT_EQ(planned["layout"]["ranks"], 4);  // the fewest: dp 2, for ep 2
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
-      {{"--parallel.tp", "2"}, "parallel.tp = 2: tensor parallelism is not available yet"},
-      {{"--parallel.cp", "2"}, "parallel.cp = 2: context parallelism is not available yet"},
+      {{"--parallel.tp", "3"}, "parallel.tp = 3: must divide model.num_heads = 4"},
+      {{"--parallel.cp", "3"}, "parallel.cp = 3: train.seq_len = 32 must split into 2 × cp = 6 chunks"},
       {{"--parallel.pp", "2", "--parallel.ep", "2", "--parallel.order", "ep-pp-dp"}, "parallel.order = ep-pp-dp: "}};
   for (const auto& [options, message] : refused) {
     std::vector<std::string> args = {"model", "info", "--config", v3};
@@ -153,7 +153,9 @@ TEST(ParallelOrder, ModelInfoAndEvalTakeTheParallelOptionsOfTrain) {
   };
   EXPECT_GT(loss(one.output), 0.0) << one.output;
   EXPECT_NEAR(loss(piped.output), loss(one.output), 1e-5) << piped.output;
-  const RunOutput tp = eval(2, {"--parallel.tp", "2"});
-  EXPECT_EQ(tp.exit_code, 2) << tp.output;
-  EXPECT_NE(tp.output.find("parallel.tp = 2: tensor parallelism is not available yet"), std::string::npos) << tp.output;
+  const RunOutput tp = eval(2, {"--parallel.tp", "2"}), odd = eval(3, {"--parallel.tp", "3"});
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  EXPECT_NEAR(loss(tp.output), loss(one.output), 1e-5) << tp.output;
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("parallel.tp = 3: must divide model.num_heads = 4"), std::string::npos) << odd.output;
 }

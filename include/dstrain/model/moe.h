@@ -106,9 +106,11 @@ class MoEImpl : public torch::nn::Module {
   // expert(row) for the (token, choice) rows `inputs`, sorted by expert (`counts` of each, on the
   // device), computed by the experts' holders (here, or across the exchange).
   torch::Tensor routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts);
-  // Routes and computes `own` [B, S', hidden], the tokens this rank routes: the routed experts'
-  // output for them; the balance loss of the whole sequences (`seq` tokens) attached.
-  torch::Tensor route_and_compute(const torch::Tensor& own, int64_t seq, Pass pass);
+  // Routes and computes `flat` [sequences × S', hidden], the tokens this rank routes (S' of each
+  // sequence): the routed experts' output for them, and in training with aux_loss_alpha the
+  // balance loss of the whole sequences (`seq` tokens each) in `balance`.
+  torch::Tensor route_and_compute(const torch::Tensor& flat, int64_t sequences, int64_t seq, Pass pass,
+                                  torch::Tensor& balance);
   void count_ranks_reached(const torch::Tensor& chosen);
 
   ModelConfig config_;
