@@ -131,7 +131,9 @@ TEST(Training, RunDirectoryHoldsEffectiveConfigMetricsAndSummary) {
 
   // config.ini records the resolved layout and reads back as a configuration.
   const std::string text = read_text(dir + "/nested/run/config.ini");
-  EXPECT_NE(text.find("[parallel]\ntp = 1\nsequence_parallel = true\ncp = 1\ncp_mla = latent\ndp = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[parallel]\ntp = 1\nsequence_parallel = true\ncp = 1\ncp_mla = latent\ndp = 2\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("\norder = tp-cp-ep-dp-pp\n"), std::string::npos) << text;
   std::string again = scratch_dir("rundir-again");
   RunOutput rerun = run_dstrain(2, {"train", "--config", dir + "/nested/run/config.ini", "--run.dir", again});
