@@ -91,14 +91,11 @@ void load_model_parameters(const CheckpointReader& reader, const NamedTensors& p
       throw Error(ExitCode::kCheckpoint, reader.path() + ": no dataset /" + dataset +
                                              ": a checkpoint of another model (compare `dstrain ckpt inspect`)");
     const TensorPart part = placement.of(name);
-    std::vector<int64_t> whole = param.sizes().vec();
-    if (!part.whole()) whole.at(static_cast<size_t>(part.dim)) *= part.parts;
+    const std::vector<int64_t> whole = part.whole_shape(param.sizes().vec());
     if (info->shape != whole)
       throw Error(ExitCode::kCheckpoint, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) +
                                              ", the model expects " + shape_text(whole));
-    const torch::Tensor values = reader.read(dataset);
-    const int64_t size = part.whole() ? 0 : param.size(part.dim);
-    param.copy_(part.whole() ? values : values.narrow(part.dim, part.index * size, size));
+    param.copy_(part.block_of(reader.read(dataset)));
   }
 }
 

@@ -97,8 +97,7 @@ NamedTensors joined(NamedTensors whole, std::map<std::string, std::map<int, torc
   for (auto& [name, by_rank] : blocks) {
     std::vector<torch::Tensor> in_order;
     for (auto& [tp_rank, block] : by_rank) in_order.push_back(block);
-    const int64_t dim = tensor_parallel_split(name) == TensorParallelSplit::kRows ? 0 : 1;
-    whole.emplace_back(name, torch::cat(in_order, dim));
+    whole.emplace_back(name, torch::cat(in_order, tensor_parallel_dim(name)));
   }
   return whole;
 }

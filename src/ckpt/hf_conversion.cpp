@@ -133,7 +133,7 @@ void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, cons
   std::set<int64_t> layers;  // the model's, multi-token prediction modules included
   for (const auto& [name, shape] : shapes) {
     parameters.insert(name);
-    layers.insert(hf_layer_index(name));
+    layers.insert(parameter_layer(name));
   }
   // DeepSeek-V3 files keep their multi-token prediction modules as layers after the decoder's;
   // tensors of their own tell them from decoder layers that the configuration lacks.
@@ -154,7 +154,7 @@ void sort_other_tensors(const HfWeights& weights, const ModelConfig& model, cons
       continue;
     }
     const std::string original = hf_shared_original(name, model.num_layers);
-    const int64_t layer = hf_layer_index(name);
+    const int64_t layer = parameter_layer(name);
     if (!original.empty() && layers.count(layer)) {
       plan.copies.emplace_back(name, original);
     } else if (ends_with(name, "rotary_emb.inv_freq")) {
@@ -347,19 +347,11 @@ nlohmann::json read_hf_config_json(const std::string& path) {
   return config;
 }
 
-int64_t hf_layer_index(const std::string& name) {
-  if (name.compare(0, kLayers.size(), kLayers) != 0) return -1;
-  size_t end = kLayers.size();
-  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
-  if (end == kLayers.size() || end - kLayers.size() > 9 || end >= name.size() || name[end] != '.') return -1;
-  return std::stoll(name.substr(kLayers.size(), end - kLayers.size()));
-}
-
 std::vector<std::pair<std::string, std::string>> hf_shared_copies(const std::vector<std::string>& names,
                                                                   int64_t num_hidden_layers) {
   std::set<int64_t> modules;
   for (const std::string& name : names)
-    if (hf_layer_index(name) >= num_hidden_layers) modules.insert(hf_layer_index(name));
+    if (parameter_layer(name) >= num_hidden_layers) modules.insert(parameter_layer(name));
   std::vector<std::pair<std::string, std::string>> copies;
   for (int64_t i : modules) {
     const std::string prefix = kLayers + std::to_string(i) + ".";
@@ -371,7 +363,7 @@ std::vector<std::pair<std::string, std::string>> hf_shared_copies(const std::vec
 }
 
 std::string hf_shared_original(const std::string& name, int64_t num_hidden_layers) {
-  const int64_t i = hf_layer_index(name);
+  const int64_t i = parameter_layer(name);
   if (i < num_hidden_layers) return "";
   const std::string rest = name.substr(kLayers.size() + std::to_string(i).size() + 1);
   if (rest == "embed_tokens.weight") return "model.embed_tokens.weight";

@@ -18,18 +18,12 @@ std::string master_dataset(const std::string& name) { return "optim/" + name + "
 std::string exp_avg_dataset(const std::string& name) { return "optim/" + name + "/exp_avg"; }
 std::string exp_avg_sq_dataset(const std::string& name) { return "optim/" + name + "/exp_avg_sq"; }
 
-// The whole tensor's shape, of which `local` is `part`.
-std::vector<int64_t> whole_shape(std::vector<int64_t> local, const TensorPart& part) {
-  if (!part.whole()) local.at(static_cast<size_t>(part.dim)) *= part.parts;
-  return local;
-}
-
 // The pieces of the whole dataset that elements [offset, offset + flat.numel()) of a rank's
 // tensor (of shape `local`, `part` of the whole) are: one run of elements, or for a block of
 // columns its partial first and last rows and the whole rows between (a block of rows).
 std::vector<DatasetPiece> place(const std::string& dataset, const torch::Tensor& flat,
                                 const std::vector<int64_t>& local, int64_t offset, const TensorPart& part) {
-  const std::vector<int64_t> shape = whole_shape(local, part);
+  const std::vector<int64_t> shape = part.whole_shape(local);
   if (part.dim != 1) {
     const int64_t first = part.whole() ? 0 : part.index * c10::multiply_integers(local);
     return {{dataset, flat, shape, first + offset}};
@@ -57,9 +51,7 @@ torch::Tensor read_part(const CheckpointReader& reader, const std::string& datas
   const int64_t count = state.master.numel();
   torch::Tensor values;
   if (part.dim == 1) {  // a block of columns: read whole (reader.read_range)
-    const int64_t width = state.full_shape.at(1);
-    values = reader.read(dataset).narrow(1, part.index * width, width).contiguous().reshape({-1});
-    values = values.narrow(0, state.offset, count);
+    values = part.block_of(reader.read(dataset)).contiguous().reshape({-1}).narrow(0, state.offset, count);
   } else {
     const int64_t first = part.whole() ? 0 : part.index * c10::multiply_integers(state.full_shape);
     values = reader.read_range(dataset, first + state.offset, count);
@@ -72,7 +64,7 @@ void check_dataset(const CheckpointReader& reader, const std::string& dataset,
                    const CheckpointReader::DatasetInfo* info, const std::vector<int64_t>& full_shape,
                    const TensorPart& part, const std::string& what) {
   if (!info) throw Error(kCode, reader.path() + ": /" + dataset + " is missing (a checkpoint of another model?)");
-  const std::vector<int64_t> shape = whole_shape(full_shape, part);
+  const std::vector<int64_t> shape = part.whole_shape(full_shape);
   if (info->shape != shape)
     throw Error(kCode, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) + "; this model's " +
                            what + " has " + shape_text(shape));

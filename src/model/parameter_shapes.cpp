@@ -1,7 +1,6 @@
 #include "dstrain/model/parameter_shapes.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "dstrain/core/text.h"
 
@@ -92,21 +91,28 @@ TensorParallelSplit tensor_parallel_split(const std::string& name) {
   return TensorParallelSplit::kWhole;
 }
 
-namespace {
-
-// The decoder layer's index in "model.layers.<i>...", or -1.
-int64_t layer_of(const std::string& name) {
-  const std::string prefix = "model.layers.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
-  return std::strtoll(name.c_str() + prefix.size(), nullptr, 10);
+int64_t tensor_parallel_dim(const std::string& name) {
+  switch (tensor_parallel_split(name)) {
+    case TensorParallelSplit::kRows: return 0;
+    case TensorParallelSplit::kColumns: return 1;
+    case TensorParallelSplit::kWhole: break;
+  }
+  return -1;
 }
 
-}  // namespace
+int64_t parameter_layer(const std::string& name) {
+  const std::string layers = "model.layers.";
+  if (name.compare(0, layers.size(), layers) != 0) return -1;
+  size_t end = layers.size();
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == layers.size() || end - layers.size() > 9 || end >= name.size() || name[end] != '.') return -1;
+  return std::stoll(name.substr(layers.size(), end - layers.size()));
+}
 
 bool tensor_parallel_partial_gradient(const std::string& name, const ModelConfig& config, bool sequence_parallel) {
   if (name.find(".mlp.experts.") != std::string::npos || ends_with(name, ".mlp.gate.weight")) return true;
   if (!sequence_parallel || tensor_parallel_split(name) != TensorParallelSplit::kWhole) return false;
-  return layer_of(name) < config.num_layers;  // the multi-token prediction modules hold the whole sequence
+  return parameter_layer(name) < config.num_layers;  // the multi-token prediction modules hold the whole sequence
 }
 
 }  // namespace dstrain

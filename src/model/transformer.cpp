@@ -259,20 +259,6 @@ void sort_by_name(std::vector<std::pair<std::string, torch::Tensor>>& params) {
 
 }  // namespace
 
-namespace {
-
-// Which dimension of a parameter tensor parallelism splits (-1: none).
-int64_t split_dimension(const std::string& name) {
-  switch (tensor_parallel_split(name)) {
-    case TensorParallelSplit::kRows: return 0;
-    case TensorParallelSplit::kColumns: return 1;
-    case TensorParallelSplit::kWhole: break;
-  }
-  return -1;
-}
-
-}  // namespace
-
 void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, uint64_t seed,
                            const TensorParallelGroup* tensor_parallel) {
   torch::NoGradGuard no_grad;
@@ -288,7 +274,7 @@ void initialize_parameters(torch::nn::Module& model, const ModelConfig& config, 
     }
     bool output = ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight");
     auto generator = at::make_generator<at::CPUGeneratorImpl>(mix_seed(seed, hash_string(name)));
-    const int64_t split = tensor_parallel ? split_dimension(name) : -1;
+    const int64_t split = tensor_parallel ? tensor_parallel_dim(name) : -1;
     std::vector<int64_t> shape = param.sizes().vec();
     if (split >= 0) shape[static_cast<size_t>(split)] *= tensor_parallel->size();
     torch::Tensor values = torch::empty(shape, torch::kFloat32);

@@ -57,10 +57,8 @@ void add_comm_options(OptionTable& t) {
 ParallelConfig read_parallel_config(Options& o, int world_size) {
   ParallelConfig c;
   c.cp = static_cast<int>(o.get_int("parallel.cp", 1, INT32_MAX));
-  const std::string passed = o.get_string("parallel.cp_mla");
-  if (passed != "latent" && passed != "heads")
-    throw config_error("parallel.cp_mla", passed, "expected latent or heads");
-  c.cp_latent = passed == "latent";
+  static const EnumNames<bool> ring_passes = {{"latent", true}, {"heads", false}};  // cp_latent
+  c.cp_latent = o.get_enum("parallel.cp_mla", ring_passes);
   c.tp = static_cast<int>(o.get_int("parallel.tp", 1, INT32_MAX));
   c.sequence_parallel = c.tp > 1 && o.get_bool("parallel.sequence_parallel");
   c.pp = static_cast<int>(o.get_int("parallel.pp", 1, INT32_MAX));

@@ -1,7 +1,6 @@
 #include "dstrain/train/memory_plan.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -88,12 +87,10 @@ namespace {
 // numbered after the last); the embedding's and the head's under -1 and -2.
 std::map<int64_t, double> split_parameters_by_layer(const ModelConfig& m) {
   std::map<int64_t, double> split;
-  const std::string layers = "model.layers.";
   for (const auto& [name, shape] : parameter_shapes(m)) {
     if (tensor_parallel_split(name) == TensorParallelSplit::kWhole) continue;
-    const int64_t layer = name.compare(0, layers.size(), layers) == 0
-                              ? std::strtoll(name.c_str() + layers.size(), nullptr, 10)
-                              : (name.find("embed_tokens") != std::string::npos ? -1 : -2);
+    int64_t layer = parameter_layer(name);
+    if (layer < 0) layer = name.find("embed_tokens") != std::string::npos ? -1 : -2;
     split[layer] += static_cast<double>(c10::multiply_integers(shape));
   }
   return split;

@@ -150,12 +150,7 @@ TensorParallelPlacement tensor_parallel_placement(const ParallelContext& paralle
   TensorParallelPlacement placement;
   const int64_t index = tp.rank(), parts = tp.size();
   placement.part = [index, parts](const std::string& name) {
-    switch (tensor_parallel_split(name)) {
-      case TensorParallelSplit::kRows: return TensorPart{0, index, parts};
-      case TensorParallelSplit::kColumns: return TensorPart{1, index, parts};
-      case TensorParallelSplit::kWhole: break;
-    }
-    return TensorPart{};
+    return TensorPart{tensor_parallel_dim(name), index, parts};
   };
   placement.writes_whole = tp.rank() == 0;
   placement.writes_replicated_parts = parallel.group(Group::kDpCp).rank() == 0;

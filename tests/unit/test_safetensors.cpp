@@ -383,10 +383,10 @@ TEST(HfConfig, DifferencesNameWhatChangesTheLogitsAndTheOverridesThatAgree) {
 // Multi-token prediction modules are the layers from num_hidden_layers on; the copies of the
 // embedding and the head that Hugging Face's files keep for each are found by name.
 TEST(HfNames, SharedCopiesOfMultiTokenPredictionModules) {
-  EXPECT_EQ(hf_layer_index("model.layers.12.mlp.gate.weight"), 12);
-  EXPECT_EQ(hf_layer_index("model.layers.x.mlp"), -1);
-  EXPECT_EQ(hf_layer_index("model.layers.3"), -1);
-  EXPECT_EQ(hf_layer_index("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(parameter_layer("model.layers.12.mlp.gate.weight"), 12);
+  EXPECT_EQ(parameter_layer("model.layers.x.mlp"), -1);
+  EXPECT_EQ(parameter_layer("model.layers.3"), -1);
+  EXPECT_EQ(parameter_layer("model.embed_tokens.weight"), -1);
   const std::vector<std::string> names = {"lm_head.weight", "model.embed_tokens.weight", "model.layers.2.enorm.weight",
                                           "model.layers.3.eh_proj.weight", "model.layers.3.hnorm.weight",
                                           "model.layers.1.mlp.gate.weight"};

@@ -26,9 +26,6 @@
 
 namespace dstrain {
 
-// The i of a "model.layers.{i}.*" name, or -1.
-int64_t hf_layer_index(const std::string& name);
-
 // For every layer index i >= num_hidden_layers that `names` use, the copies a Hugging Face file
 // holds of what its module shares: {copy name, the main model's name}, sorted by copy name.
 std::vector<std::pair<std::string, std::string>> hf_shared_copies(const std::vector<std::string>& names,

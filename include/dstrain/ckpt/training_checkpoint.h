@@ -32,6 +32,17 @@ struct TensorPart {
   int64_t index = 0, parts = 1;
 
   bool whole() const { return dim < 0; }
+  // The whole tensor's shape, of which a tensor of shape `local` is this part.
+  std::vector<int64_t> whole_shape(std::vector<int64_t> local) const {
+    if (!whole()) local.at(static_cast<size_t>(dim)) *= parts;
+    return local;
+  }
+  // This part of the whole tensor `values` (a view).
+  torch::Tensor block_of(const torch::Tensor& values) const {
+    if (whole()) return values;
+    const int64_t size = values.size(dim) / parts;
+    return values.narrow(dim, index * size, size);
+  }
 };
 
 // Tensor parallelism in a checkpoint: each parameter's part by global name, and which of the

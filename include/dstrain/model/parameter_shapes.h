@@ -24,6 +24,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
 // nothing in bf16 once it passes 0.5.
 c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_dtype);
 
+// The i of a "model.layers.{i}.*" parameter name (a decoder layer's, or after the last one a
+// multi-token prediction module's), or -1.
+int64_t parameter_layer(const std::string& name);
+
 // How tensor parallelism splits parameter `name` over the ranks of a tp group (Megatron-LM's
 // scheme): rank r holds the r-th of T equal blocks of rows (column-parallel products: q, k, v,
 // MLA's q_b_proj and kv_b_proj, gate and up; the vocabulary of the embedding and the LM head) or of
@@ -31,6 +35,8 @@ c10::ScalarType parameter_dtype(const std::string& name, c10::ScalarType model_d
 // down-projections, the router, routed experts, the MTP modules' eh_proj).
 enum class TensorParallelSplit { kWhole, kRows, kColumns };
 TensorParallelSplit tensor_parallel_split(const std::string& name);
+// The dimension that split cuts: 0 (rows), 1 (columns), or -1 (the whole tensor).
+int64_t tensor_parallel_dim(const std::string& name);
 
 // Under tensor parallelism, whether a rank's gradient of parameter `name` is its part only and the
 // group's must be summed: the routed experts' and the router's, each rank routing its own tokens
