@@ -89,7 +89,7 @@ torch::Tensor AttentionImpl::attention_core(const Tensors& projected, const Rope
     auto keys_values = [this](const torch::Tensor& kv) {
       return std::make_pair(for_query_heads(kv.select(0, 0)), for_query_heads(kv.select(0, 1)));
     };
-    return ring_attention({q, torch::stack({k, v}), keys_values, scale}, *cp_);
+    return ring_attention({q, torch::stack({k, v}), keys_values, {}, scale}, *cp_);
   }
   return causal_attention(q, for_query_heads(k), for_query_heads(v), scale, selective_);  // [B, H, S, d]
 }

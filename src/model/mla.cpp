@@ -88,6 +88,7 @@ torch::Tensor MultiHeadLatentAttentionImpl::ring_attention_of(const Tensors& dow
     in.keys_values = [this](const torch::Tensor& t) {
       return keys_values(t.narrow(-1, 0, kv_lora_rank_), t.narrow(-1, kv_lora_rank_, rope_dim_));
     };
+    in.expansion_parameters = kv_b_proj_->parameters();
   } else {  // heads × (qk + v) values a token
     auto [key, value] = keys_values(p.latent, p.k_rope);
     in.passed = torch::cat({key, value}, -1);

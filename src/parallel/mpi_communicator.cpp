@@ -416,35 +416,73 @@ void MpiCommunicator::recv(torch::Tensor& tensor, int peer) {
   exchange(one);
 }
 
-void MpiCommunicator::exchange(std::vector<Transfer>& transfers) {
-  std::vector<HostView> host;
-  host.reserve(transfers.size());
-  std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
-  for (size_t i = 0; i < transfers.size(); ++i) {
-    Transfer& t = transfers[i];
-    require_contiguous(t.tensor, "exchange");
-    host.emplace_back(t.tensor, /*copy_in=*/t.send);
-    const int bytes = checked_count(t.tensor.nbytes());
-    if (t.send)
-      MPI_CHECK(MPI_Isend(host.back().data(), bytes, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]));
-    else
-      MPI_CHECK(MPI_Irecv(host.back().data(), bytes, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]));
-  }
-  // A message that names what is still missing, and from or to whom. (MPI_Testall changes no
-  // request until all are complete, so each can still be asked about.)
-  wait(requests, [&] {
-    std::string text = "point-to-point transfers";
-    for (size_t i = 0; i < transfers.size(); ++i) {
-      int done = 0;
-      MPI_Request_get_status(requests[i], &done, MPI_STATUS_IGNORE);
-      if (!done)
-        text += std::string(transfers[i].send ? " (send to" : " (receive from") + " world rank " +
-                std::to_string(world_ranks_[transfers[i].peer]) + ", tag " + std::to_string(transfers[i].tag) + ")";
+void MpiCommunicator::exchange(std::vector<Transfer>& transfers) { exchange_async(transfers)->wait(); }
+
+namespace {
+
+// Point-to-point transfers under way, each kept moving by the progress thread if it runs; wait()
+// completes them all and copies what arrived into place. A timeout names what is still missing,
+// and from or to whom.
+class MpiTransfers final : public Work {
+ public:
+  using WaitNaming = std::function<void(const std::function<bool()>& done, const std::function<std::string()>& what)>;
+  MpiTransfers(WaitNaming wait, const std::vector<Transfer>& transfers, const std::vector<int>& world_ranks,
+               MPI_Comm comm)
+      : wait_(std::move(wait)), transfers_(transfers), world_ranks_(world_ranks) {
+    host_.reserve(transfers_.size());
+    for (const Transfer& t : transfers_) {
+      require_contiguous(t.tensor, "exchange");
+      host_.emplace_back(t.tensor, /*copy_in=*/t.send);
+      void* data = host_.back().data();
+      const int bytes = checked_count(t.tensor.nbytes());
+      requests_.push_back(started([&](MPI_Request* request) {
+        if (t.send)
+          MPI_CHECK(MPI_Isend(data, bytes, MPI_BYTE, t.peer, t.tag, comm, request));
+        else
+          MPI_CHECK(MPI_Irecv(data, bytes, MPI_BYTE, t.peer, t.tag, comm, request));
+      }));
     }
+  }
+  ~MpiTransfers() override {
+    for (size_t i = 0; i < requests_.size(); ++i) keep_until_complete(std::move(requests_[i]), {host_[i].host()});
+  }
+  MpiTransfers(const MpiTransfers&) = delete;
+  MpiTransfers& operator=(const MpiTransfers&) = delete;
+  void wait() override {
+    wait_([this] { return ready(); }, [this] { return missing(); });
+    for (size_t i = 0; i < transfers_.size(); ++i)
+      if (!transfers_[i].send) host_[i].copy_out();
+  }
+  bool ready() override {
+    bool all = true;
+    for (auto& request : requests_) all = request->test() && all;  // each tested, to move each on
+    return all;
+  }
+
+ private:
+  std::string missing() const {
+    std::string text = "point-to-point transfers";
+    for (size_t i = 0; i < transfers_.size(); ++i)
+      if (!requests_[i]->seen_complete())
+        text += std::string(transfers_[i].send ? " (send to" : " (receive from") + " world rank " +
+                std::to_string(world_ranks_[transfers_[i].peer]) + ", tag " + std::to_string(transfers_[i].tag) + ")";
     return text;
-  });
-  for (size_t i = 0; i < transfers.size(); ++i)
-    if (!transfers[i].send) host[i].copy_out();
+  }
+
+  WaitNaming wait_;
+  std::vector<Transfer> transfers_;
+  const std::vector<int>& world_ranks_;
+  std::vector<HostView> host_;
+  std::vector<std::unique_ptr<mpi_progress::Watched>> requests_;
+};
+
+}  // namespace
+
+std::unique_ptr<Work> MpiCommunicator::exchange_async(std::vector<Transfer>& transfers) {
+  auto wait_here = [this](const std::function<bool()>& done, const std::function<std::string()>& what) {
+    wait_until(done, what);
+  };
+  return std::make_unique<MpiTransfers>(wait_here, transfers, world_ranks_, comm_);
 }
 
 namespace {

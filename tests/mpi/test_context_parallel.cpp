@@ -1,10 +1,12 @@
 // Context parallelism's ring attention (model/context_parallel.h over
 // parallel/context_parallel_collectives.h) on real ranks: against full causal attention in fp64 on
-// every rank, forward and backward, with the balanced chunk order, chunks of one token included;
+// every rank, forward and backward, with the balanced chunk order, chunks of one token included,
+// passing keys and values or a latent expanded where it arrives;
 // and the work, counted in attention scores, the same on every rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -31,44 +33,86 @@ torch::Tensor full_causal_attention(const torch::Tensor& q, const torch::Tensor&
   return torch::matmul(scores.softmax(-1), v);
 }
 
-void expect_ring_equals_full_attention(int64_t chunk) {
+// Ring attention of what passes, expanded into keys and values by `expand` (with `parameters`),
+// against full causal attention of the whole sequence's keys and values expanded alike: the
+// output, the gradients of the queries and of what passed, and the parameters' gradients summed
+// over the group.
+void expect_ring_equals_full_attention(int64_t chunk, int64_t passed_width,
+                                       const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& expand,
+                                       const std::vector<torch::Tensor>& parameters,
+                                       int64_t score_block_elements = RingAttentionInputs{}.score_block_elements) {
   WorldRing ring;
   ContextParallelGroup& cp = ring.group;
-  const int64_t batch = 2, heads = 3, seq = 2 * cp.size() * chunk, dq = 5, dv = 4;
+  const int64_t batch = 2, heads = 3, seq = 2 * cp.size() * chunk, dq = 5;
   const double scale = 0.7;
-  torch::manual_seed(7);  // the same whole sequence on every rank
   const auto fp64 = torch::kFloat64;
   torch::Tensor q = torch::randn({batch, heads, seq, dq}, fp64).requires_grad_();
-  torch::Tensor k = torch::randn({batch, heads, seq, dq}, fp64).requires_grad_();
-  torch::Tensor v = torch::randn({batch, heads, seq, dv}, fp64).requires_grad_();
-  const torch::Tensor upstream = torch::randn({batch, heads, seq, dv}, fp64);
-  const torch::Tensor expected = full_causal_attention(q, k, v, scale);
+  torch::Tensor whole = torch::randn({batch, heads, seq, passed_width}, fp64).requires_grad_();
+  const torch::Tensor upstream = torch::randn({batch, heads, seq, expand(whole, 1).size(-1)}, fp64);
+  const torch::Tensor expected = full_causal_attention(q, expand(whole, 0), expand(whole, 1), scale);
   expected.backward(upstream);
+  std::vector<torch::Tensor> expected_parameter_grads;
+  for (const torch::Tensor& p : parameters) {
+    expected_parameter_grads.push_back(p.grad().clone());
+    p.mutable_grad().zero_();
+  }
 
   auto mine = [&](const torch::Tensor& t) { return context_parallel_part(t, cp, 2); };
   torch::Tensor my_q = mine(q).detach().requires_grad_();
-  // What passes: this rank's keys and values, stacked; its gradient comes back from every rank.
-  torch::Tensor passed = torch::cat({mine(k), mine(v)}, -1).detach().requires_grad_();
+  torch::Tensor passed = mine(whole).detach().requires_grad_();  // its gradient comes back from every rank
   RingAttentionInputs in;
   in.query = my_q;
   in.passed = passed;
-  in.keys_values = [dq, dv](const torch::Tensor& t) {
-    return std::make_pair(t.narrow(-1, 0, dq), t.narrow(-1, dq, dv));
-  };
+  in.keys_values = [&](const torch::Tensor& t) { return std::make_pair(expand(t, 0), expand(t, 1)); };
+  in.expansion_parameters = parameters;
   in.scale = scale;
+  in.score_block_elements = score_block_elements;
   const torch::Tensor out = ring_attention(in, cp);
   out.backward(mine(upstream));
   EXPECT_TRUE(torch::allclose(out, mine(expected), 1e-12, 1e-12));
   EXPECT_TRUE(torch::allclose(my_q.grad(), mine(q.grad()), 1e-12, 1e-12));
-  EXPECT_TRUE(torch::allclose(passed.grad().narrow(-1, 0, dq), mine(k.grad()), 1e-12, 1e-12));
-  EXPECT_TRUE(torch::allclose(passed.grad().narrow(-1, dq, dv), mine(v.grad()), 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(passed.grad(), mine(whole.grad()), 1e-12, 1e-12));
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    torch::Tensor summed = parameters[i].grad().clone();
+    ring.communicator->all_reduce(summed, ReduceOp::kSum);
+    EXPECT_TRUE(torch::allclose(summed, expected_parameter_grads[i], 1e-12, 1e-12)) << "parameter " << i;
+  }
+}
+
+// The keys and values themselves pass: keys the first 5 values of a position, values the next 4.
+void expect_ring_of_keys_and_values_equals_full_attention(
+    int64_t chunk, int64_t score_block_elements = RingAttentionInputs{}.score_block_elements) {
+  torch::manual_seed(7);  // the same whole sequence on every rank
+  expect_ring_equals_full_attention(
+      chunk, 9, [](const torch::Tensor& t, int64_t which) { return which == 0 ? t.narrow(-1, 0, 5) : t.narrow(-1, 5, 4); },
+      {}, score_block_elements);
 }
 
 }  // namespace
 
-TEST(ContextParallel, RingAttentionEqualsFullCausalAttentionInFp64) { expect_ring_equals_full_attention(3); }
+TEST(ContextParallel, RingAttentionEqualsFullCausalAttentionInFp64) {
+  expect_ring_of_keys_and_values_equals_full_attention(3);
+}
 
-TEST(ContextParallel, RingAttentionWithChunksOfOneToken) { expect_ring_equals_full_attention(1); }
+TEST(ContextParallel, RingAttentionWithChunksOfOneToken) { expect_ring_of_keys_and_values_equals_full_attention(1); }
+
+// Chunks of 5 positions scored 2 query rows at a time (2 × 3 heads × 5 keys × 2 rows a block):
+// blocks that end inside a chunk, and the diagonal's mask within a block.
+TEST(ContextParallel, RingAttentionScoresInBlocksOfQueries) {
+  expect_ring_of_keys_and_values_equals_full_attention(5, 2 * 3 * 5 * 2);
+}
+
+// MLA's way: a narrow latent passes and every rank expands it with its own copy of a projection,
+// whose gradient is every rank's share of the whole sequence's.
+TEST(ContextParallel, RingAttentionOfALatentDifferentiatesItsExpansion) {
+  torch::manual_seed(11);
+  const int64_t latent = 3;
+  const std::vector<torch::Tensor> projections = {torch::randn({latent, 5}, torch::kFloat64).requires_grad_(),
+                                                  torch::randn({latent, 4}, torch::kFloat64).requires_grad_()};
+  expect_ring_equals_full_attention(
+      2, latent, [&](const torch::Tensor& t, int64_t which) { return torch::matmul(t, projections[which]); },
+      projections);
+}
 
 // Each rank scores the same number of (query, key) pairs: two chunk pairs a step, and over the
 // group every pair of chunks whose query chunk is not before the key chunk once.

@@ -80,6 +80,10 @@ class Communicator {
   // caller's stream). Between two ranks, transfers in one direction are matched in the order they
   // are posted (NCCL has no tags); the tag must agree at both ends all the same.
   virtual void exchange(std::vector<Transfer>& transfers) = 0;
+  // The same, started and returned at once (context parallelism's ring passes, which go on while
+  // the rank computes attention on what it holds); every tensor stays untouched until wait(), and
+  // received tensors hold their data after it.
+  virtual std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) = 0;
   // Starts sending `tensor` (kept until the send completes) and returns at once: the sender goes
   // on computing whether or not the receiver has posted its receive yet, which the zero-bubble
   // schedules need. The receiver's exchange matches it by tag. The MPI backend only: NCCL queues a

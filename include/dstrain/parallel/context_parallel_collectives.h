@@ -1,6 +1,6 @@
 // The model's context-parallel group (model/context_parallel.h) over a communicator of the grid's
-// cp group: sums by all-reduce, and the ring's passes as one exchange each (a send to the next
-// rank and a receive from the previous, posted together).
+// cp group: sums by all-reduce, and the ring's passes as one exchange each (sends to the next
+// rank and receives from the previous, posted together and under way until waited for).
 #pragma once
 
 #include "dstrain/model/context_parallel.h"
@@ -14,7 +14,7 @@ class ContextParallelCollectives : public ContextParallelGroup {
   int size() const override { return cp_.size(); }
   int rank() const override { return cp_.rank(); }
   void all_reduce_sum(torch::Tensor& tensor) override { cp_.all_reduce(tensor, ReduceOp::kSum); }
-  torch::Tensor pass_on(const torch::Tensor& tensor, bool backward) override;
+  std::unique_ptr<RingPassUnderWay> start_pass(const std::vector<torch::Tensor>& outgoing) override;
   int64_t bytes_passed() const override { return bytes_passed_; }
 
  private:

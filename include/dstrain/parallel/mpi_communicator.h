@@ -40,6 +40,7 @@ class MpiCommunicator : public Communicator {
   void send(const torch::Tensor& tensor, int peer) override;
   void recv(torch::Tensor& tensor, int peer) override;
   void exchange(std::vector<Transfer>& transfers) override;
+  std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) override;
   std::unique_ptr<Work> send_async(const torch::Tensor& tensor, int peer, int tag) override;
   void barrier() override;
   void synchronize() override {}

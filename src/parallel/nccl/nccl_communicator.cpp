@@ -270,21 +270,16 @@ class NcclCommunicator final : public Communicator {
 
   void exchange(std::vector<Transfer>& transfers) override {
     for (const Transfer& t : transfers) require_on_device(t.tensor, "exchange");
-    run([&](cudaStream_t s) {
-      NCCL_CHECK(ncclGroupStart());
-      try {
-        for (Transfer& t : transfers) {
-          if (t.send)
-            NCCL_CHECK(ncclSend(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
-          else
-            NCCL_CHECK(ncclRecv(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
-        }
-      } catch (...) {
-        ncclGroupEnd();  // status ignored: already failing; the thread's group must not stay open
-        throw;
-      }
-      NCCL_CHECK(ncclGroupEnd());
-    });
+    run([&](cudaStream_t s) { enqueue_transfers(transfers, s); });
+  }
+
+  // On the communicator's own stream, so that the caller's kernels run beside the transfers until
+  // wait() makes its stream wait for them.
+  std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) override {
+    for (const Transfer& t : transfers) require_on_device(t.tensor, "exchange_async");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream([&](cudaStream_t s) { enqueue_transfers(transfers, s); }, *done);
+    return std::make_unique<NcclWork>(done, device_);
   }
 
   std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override {
@@ -344,6 +339,23 @@ class NcclCommunicator final : public Communicator {
     if (&done != &last_done_) last_done_.record(stream_);
     if (caller_waits) done.block(compute);
     check_async_error();
+  }
+
+  // One NCCL group of sends and receives on stream `s`.
+  void enqueue_transfers(std::vector<Transfer>& transfers, cudaStream_t s) {
+    NCCL_CHECK(ncclGroupStart());
+    try {
+      for (Transfer& t : transfers) {
+        if (t.send)
+          NCCL_CHECK(ncclSend(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+        else
+          NCCL_CHECK(ncclRecv(t.tensor.data_ptr(), t.tensor.nbytes(), ncclUint8, t.peer, comm_, s));
+      }
+    } catch (...) {
+      ncclGroupEnd();  // status ignored: already failing; the thread's group must not stay open
+      throw;
+    }
+    NCCL_CHECK(ncclGroupEnd());
   }
 
   // The two below with mutex_ held: the communicator may be aborted (freed) by another thread.
