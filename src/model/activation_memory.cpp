@@ -2,10 +2,34 @@
 
 #include <algorithm>
 
+#include "dstrain/model/context_parallel.h"
 #include "dstrain/model/linear_cross_entropy.h"
 
 namespace dstrain {
 namespace {
+
+// MLA's latents: the query's with its norm (input, normalised, output), the key-value latent with
+// its norm and the rope part.
+double mla_latent_elements(const ModelConfig& c) {
+  return 3.0 * static_cast<double>(c.q_lora_rank) + 4.0 * static_cast<double>(c.kv_lora_rank) +
+         static_cast<double>(c.qk_rope_head_dim);
+}
+
+// Ring attention (model/ring_attention.cpp) keeps its queries, what it passed, its output (and
+// o_proj's copy of it) and an fp32 log-sum-exp per head; none of the other ranks' keys and values
+// nor any scores. It passes MLA's latent and rope key (or per head the keys and values), a dense
+// model's key-value heads.
+double ring_attention_elements(const ModelConfig& c, const ActivationMemoryOptions& o) {
+  const double heads = static_cast<double>(c.num_heads), lse = heads * 4.0 / o.element_bytes;
+  if (!c.is_mla()) {
+    const double d = static_cast<double>(c.head_dim());
+    return 3.0 * heads * d + 2.0 * static_cast<double>(c.num_kv_heads) * d + lse;
+  }
+  const double qk = static_cast<double>(c.qk_head_dim()), v = static_cast<double>(c.value_head_dim());
+  const double passed = o.context_parallel_latent ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
+                                                  : heads * (qk + v);
+  return mla_latent_elements(c) + heads * (qk + 2.0 * v) + passed + lse;
+}
 
 // Attention, MHA/GQA: the rotated queries, the keys and values repeated to every head, the
 // output before o_proj (4 × heads × head_dim); and the softmax probabilities (fp32) of unfused
@@ -15,19 +39,10 @@ namespace {
 // and per head the output: the norms, queries, keys and values are computed again. Of unfused
 // attention it keeps no probabilities (causal_attention.h), of MHA what attention keeps without it.
 double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
+  if (o.context_parallel > 1) return ring_attention_elements(c, o);
   const double heads = static_cast<double>(c.num_heads);
   const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
-  // The ring keeps a pair's fp32 scores and probabilities: a query sees half the keys on average.
-  const double ring = heads * static_cast<double>(o.seq_len * o.context_parallel) * 4.0 / o.element_bytes;
-  double scores = o.context_parallel > 1 ? ring : o.fused.attention ? heads : selective ? 0.0 : probabilities;
-  if (o.context_parallel > 1) {
-    // The other ranks' keys and values, expanded to every head where they arrived, and each
-    // step's merged output with its weights.
-    const double steps = static_cast<double>(o.context_parallel);
-    const double key_value = c.is_mla() ? c.qk_head_dim() + c.value_head_dim() : 2.0 * c.head_dim();
-    const double value = c.is_mla() ? c.value_head_dim() : c.head_dim();
-    scores += (steps - 1.0) * heads * key_value + 2.0 * steps * heads * value;
-  }
+  const double scores = o.fused.attention ? heads : selective ? 0.0 : probabilities;
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
   const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
   const double rope = static_cast<double>(c.qk_rope_head_dim);
@@ -35,10 +50,8 @@ double attention_elements(const ModelConfig& c, bool selective, const Activation
     const double query_input = c.q_lora_rank > 0 ? q_lora : heads * c.qk_head_dim();
     return query_input + kv_lora + rope + heads * c.value_head_dim() + scores;
   }
-  // MLA: the query latent with its norm (input, normalised, output), the key-value latent with its
-  // norm and the rope part, then per head the query and key (qk), the value and the output (v).
-  const double latents = 3.0 * q_lora + 4.0 * kv_lora + rope;
-  return latents + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
+  // MLA: per head the query and key (qk), the value and the output (v).
+  return mla_latent_elements(c) + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
 }
 
 // The MLP: SwiGLU keeps gate, up, silu(gate) and their product (4 × intermediate). DeepSeekMoE:
@@ -77,6 +90,19 @@ double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, c
   if (slice.has_head && o.backward_starting) bytes = std::max(bytes, logits + head_weight_gradient);
   if (slice.has_embedding && o.backward_ended) bytes = std::max(bytes, weight_gradient);
   return bytes;
+}
+
+// What ring attention's backward pass makes for a ring step of a layer: the keys and values it
+// expanded and their gradients, the queries' gradient, the output and its gradient, all fp32, and
+// a block of scores with the probabilities and their gradients (model/ring_attention.cpp).
+double ring_backward_bytes(const ModelConfig& c, const ActivationMemoryOptions& o) {
+  if (o.context_parallel == 1) return 0;
+  const double heads = static_cast<double>(c.num_heads) / static_cast<double>(o.tensor_parallel);
+  const double qk = static_cast<double>(c.is_mla() ? c.qk_head_dim() : c.head_dim());
+  const double v = static_cast<double>(c.is_mla() ? c.value_head_dim() : c.head_dim());
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len), chunk = static_cast<double>(o.seq_len / 2);
+  const double block = std::min(static_cast<double>(kRingScoreBlockElements), o.micro_batch * heads * chunk * chunk);
+  return heads * (3.0 * qk + 4.0 * v) * tokens * 4.0 + 4.0 * block * 4.0;
 }
 
 }  // namespace
@@ -160,7 +186,7 @@ double step_activation_bytes(const ModelConfig& c, const std::vector<LayerSlice>
   // The backward pass's working set on top: the gradients flowing between layers and those of a
   // layer's widest matrix products (an MLP's gate and up).
   const double widest = static_cast<double>(std::max(c.intermediate_size, c.moe_intermediate_size)) / parts;
-  const double working = (2.0 * h + 2.0 * widest) * tokens;
+  const double working = (2.0 * h + 2.0 * widest) * tokens + ring_backward_bytes(c, o);
   const bool rerunning = o.backward_starting || (o.backward_ended && o.micro_batches_awaiting_weights > 0);
   return kept * o.micro_batches_in_flight + awaiting_weights * o.micro_batches_awaiting_weights +
          std::max(made, rerunning ? rerun : 0.0) + working;

@@ -44,6 +44,7 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelG
   ActivationMemoryOptions o;
   o.micro_batch = c.loop.micro_batch;
   o.context_parallel = grid.size(Group::kCp);
+  o.context_parallel_latent = c.parallel.cp_latent;
   o.seq_len = c.loop.seq_len / o.context_parallel;  // a rank's chunks
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
   o.fused = fused;

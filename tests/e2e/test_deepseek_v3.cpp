@@ -190,7 +190,8 @@ TEST(ModelInfo, PlansEveryShippedConfigurationAsItIs) {
     const nlohmann::json& layout = plan["layout"];
     EXPECT_EQ(layout["ranks"].get<int>(), layout["tp"].get<int>() * layout["cp"].get<int>() *
                                               layout["pp"].get<int>() * layout["dp"].get<int>());
-    EXPECT_EQ(layout["dp"].get<int>(), layout["ep"].get<int>());  // the fewest ranks: one expert-parallel group
+    // The fewest ranks: one expert-parallel group spans a stage's tp × cp × dp.
+    EXPECT_EQ(layout["tp"].get<int>() * layout["cp"].get<int>() * layout["dp"].get<int>(), layout["ep"].get<int>());
     const double parameter_bytes = plan["memory_per_rank"]["parameters"].get<double>();
     if (layout["pp"] == 1) {
       const double element = plan["precision"] == "fp32" ? 4 : 2;
@@ -262,4 +263,30 @@ TEST(ModelInfo, DeepSeekV3OnItsOwnLayoutFitsWithFullRecomputation) {
   const double gib = 1024.0 * 1024 * 1024, state = m["total"].get<double>() - m["activations"].get<double>();
   EXPECT_LE(m["total"].get<double>(), 60 * gib);
   EXPECT_GT(state + m["activations_by_recompute"]["none"].get<double>(), 60 * gib);
+}
+
+// The long-context stage as shipped (cp 16 beside V3's pp 16 and ep 64) at 128K tokens on 2048
+// ranks: within 80 GB a GPU with full recomputation, as the ring attention keeps no scores; beyond
+// it without, and within it again without recomputation on cp 128, where a rank's share of the
+// sequence is 1,024 tokens.
+TEST(ModelInfo, DeepSeekV3At128KTokensFitsWithContextParallelism) {
+  const std::string stage = std::string(DSTRAIN_SOURCE_DIR) + "/input/deepseek-v3-long-context.ini";
+  auto plan_of = [&](std::vector<std::string> options) {
+    std::vector<std::string> args = {"model", "info", "--config", stage, "--json", "--ranks", "2048",
+                                     "--train.seq_len", "131072", "--train.global_batch", "480"};
+    args.insert(args.end(), options.begin(), options.end());
+    RunOutput run = run_dstrain(0, args);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return nlohmann::json::parse(run.output);
+  };
+  const double gb = 1e9;
+  const nlohmann::json shipped = plan_of({});
+  EXPECT_EQ(shipped["layout"]["cp"], 16);
+  EXPECT_EQ(shipped["seq_len"], 131072);
+  const nlohmann::json& m = shipped["memory_per_rank"];
+  EXPECT_LE(m["total"].get<double>(), 80 * gb);
+  const double state = m["total"].get<double>() - m["activations"].get<double>();
+  EXPECT_GT(state + m["activations_by_recompute"]["none"].get<double>(), 80 * gb);
+  const nlohmann::json wide = plan_of({"--parallel.cp", "128", "--train.recompute", "none"});
+  EXPECT_LE(wide["memory_per_rank"]["total"].get<double>(), 80 * gb);
 }

@@ -49,9 +49,10 @@ struct ActivationMemoryOptions {
   int64_t tensor_parallel = 1;
   bool sequence_parallel = false;
   // Context parallelism: seq_len is a rank's share of the sequence (its chunks), whose queries
-  // attend to context_parallel × seq_len keys through the ring, unfused: for each pair of chunks
-  // it computes, the scores and probabilities are kept (model/context_parallel.cpp).
+  // attend to context_parallel × seq_len keys through the ring (model/ring_attention.cpp), which
+  // passes MLA's latents (or, not latent, its per-head keys and values).
   int64_t context_parallel = 1;
+  bool context_parallel_latent = true;
 };
 
 // Elements a decoder layer (or a multi-token prediction module: `layer` ≥ num_layers) keeps per

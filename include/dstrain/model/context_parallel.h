@@ -55,6 +55,8 @@ std::pair<int64_t, int64_t> context_chunks_of(int rank, int size);
 // This rank's two chunks of a whole sequence `x` (split along `dim` into 2 × size chunks), joined.
 torch::Tensor context_parallel_part(const torch::Tensor& x, const ContextParallelGroup& group, int64_t dim);
 
+constexpr int64_t kRingScoreBlockElements = int64_t{1} << 24;  // 64 MiB of fp32 scores
+
 struct RingAttentionInputs {
   torch::Tensor query;   // [B, H, L, dq]: this rank's L = 2n positions (its two chunks)
   torch::Tensor passed;  // what goes around the ring, made on this rank from its own positions
@@ -65,8 +67,8 @@ struct RingAttentionInputs {
   std::vector<torch::Tensor> expansion_parameters;
   double scale = 1.0;
   // The most attention scores computed at once (a block of queries against a chunk of keys): what
-  // bounds a step's transient memory, whatever the chunks' length (64 MiB of fp32 scores).
-  int64_t score_block_elements = int64_t{1} << 24;
+  // bounds a step's transient memory, whatever the chunks' length.
+  int64_t score_block_elements = kRingScoreBlockElements;
 };
 
 // Causal attention of this rank's queries over the whole sequence, [B, H, L, dv], computed in
