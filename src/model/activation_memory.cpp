@@ -117,10 +117,11 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0;
   const double split_layers = attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
   if (o.tensor_parallel == 1) return norms * h + split_layers;
-  // The attention's and the MLP's inputs are the whole sequence's (gathered under sequence
-  // parallelism); the rest of them is split. (Estimated, not yet measured against a run.)
-  const double parts = static_cast<double>(o.tensor_parallel);
-  return norms * h / (o.sequence_parallel ? parts : 1.0) + 2.0 * h + (split_layers - 2.0 * h) / parts;
+  // The attention's and the MLP's inputs are kept as they enter: the whole sequence without
+  // sequence parallelism, a rank's part with it (the projections gather it again in the backward
+  // pass: tensor_parallel_projections.h); the rest of them is split.
+  const double parts = static_cast<double>(o.tensor_parallel), held = o.sequence_parallel ? 1.0 / parts : 1.0;
+  return (norms + 2.0) * h * held + (split_layers - 2.0 * h) / parts;
 }
 
 double weight_store_elements(const ModelConfig& c, int64_t layer) {

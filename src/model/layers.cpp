@@ -7,6 +7,7 @@
 #include "dstrain/model/context_parallel.h"
 #include "dstrain/model/recompute.h"
 #include "dstrain/model/swiglu_activation.h"
+#include "dstrain/model/tensor_parallel_projections.h"
 
 namespace dstrain {
 
@@ -46,13 +47,13 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const ComputeOptions& options
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  return tp_.leave(attend(tp_.enter(x), rope, nullptr, 0));
+  return tp_.leave(attend(project_into_tensor_parallel(tp_, x, {q_proj_, k_proj_, v_proj_}), rope, nullptr, 0));
 }
 
 torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const RopeTables& rope, AttentionCache& cache,
                                             int64_t start) {
   if (tp_) throw std::invalid_argument("cached decoding runs without tensor parallelism");
-  return attend(x, rope, &cache, start);
+  return attend({q_proj_(x), k_proj_(x), v_proj_(x)}, rope, &cache, start);
 }
 
 AttentionCache AttentionImpl::empty_cache(int64_t batch, int64_t capacity) const {
@@ -62,10 +63,10 @@ AttentionCache AttentionImpl::empty_cache(int64_t batch, int64_t capacity) const
   return cache;
 }
 
-torch::Tensor AttentionImpl::attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache,
+torch::Tensor AttentionImpl::attend(const Tensors& projected, const RopeTables& rope, AttentionCache* cache,
                                     int64_t start) {
-  const int64_t batch = x.size(0), seq = x.size(1);
-  const torch::Tensor out = attention_core({q_proj_(x), k_proj_(x), v_proj_(x)}, rope, cache, start);  // [B, H, S, d]
+  const int64_t batch = projected[0].size(0), seq = projected[0].size(1);
+  const torch::Tensor out = attention_core(projected, rope, cache, start);  // [B, H, S, d]
   return o_proj_(out.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}));
 }
 
@@ -129,11 +130,11 @@ SwiGLUImpl::SwiGLUImpl(int64_t hidden, int64_t intermediate, const ComputeOption
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return tp_.leave(mlp(tp_.enter(x)));
+  const std::vector<torch::Tensor> gate_up = project_into_tensor_parallel(tp_, x, {gate_proj_, up_proj_});
+  return tp_.leave(down(gate_up[0], gate_up[1]));
 }
 
-torch::Tensor SwiGLUImpl::mlp(const torch::Tensor& x) {
-  const torch::Tensor gate = gate_proj_(x), up = up_proj_(x);
+torch::Tensor SwiGLUImpl::down(const torch::Tensor& gate, const torch::Tensor& up) {
   if (!selective_.on) return down_proj_(swiglu_activation(gate, up, cuda_kernels_));
   // Selective recomputation: the activation is computed again in the backward pass, not kept.
   const bool kernel = cuda_kernels_;

@@ -5,6 +5,7 @@
 #include "dstrain/model/causal_attention.h"
 #include "dstrain/model/context_parallel.h"
 #include "dstrain/model/recompute.h"
+#include "dstrain/model/tensor_parallel_projections.h"
 
 namespace dstrain {
 namespace {
@@ -43,6 +44,8 @@ MultiHeadLatentAttentionImpl::MultiHeadLatentAttentionImpl(const ModelConfig& c,
 }
 
 Tensors MultiHeadLatentAttentionImpl::down_project(const torch::Tensor& x) {
+  if (tp_ && tp_.sequence_parallel) return project_into_tensor_parallel(tp_, x, {q_proj_ ? q_proj_ : q_a_proj_,
+                                                                                 kv_a_proj_with_mqa_});
   return {q_proj_ ? q_proj_(to_heads(x)) : q_a_proj_(x), kv_a_proj_with_mqa_(x)};
 }
 
@@ -100,12 +103,10 @@ torch::Tensor MultiHeadLatentAttentionImpl::ring_attention_of(const Tensors& dow
 }
 
 torch::Tensor MultiHeadLatentAttentionImpl::forward(const torch::Tensor& input, const RopeTables& rope) {
-  // With sequence parallelism the heads attend over the gathered sequence; the gather's backward
-  // pass sums the group's gradients of it.
-  const torch::Tensor x =
-      tp_ && tp_.sequence_parallel ? gather_from_sequence_parallel(input, *tp_.group, 1) : input;
-  const int64_t batch = x.size(0), seq = x.size(1);
-  const Tensors down = down_project(x);
+  // With sequence parallelism the heads attend over the gathered sequence, which the
+  // down-projections take in; without, the up-projections' inputs enter the heads (to_heads).
+  const Tensors down = down_project(input);
+  const int64_t batch = input.size(0), seq = down[1].size(1);
   auto up = [this, rope](const Tensors& latents) { return attention_inputs(latents, rope); };
   auto attend = [this](const Tensors& qkv) {
     return Tensors{causal_attention(qkv[0], qkv[1], qkv[2], scale_, selective_)};

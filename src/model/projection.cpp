@@ -56,12 +56,17 @@ ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, Weight
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
   if (fp8_ != Fp8Recipe::kNone)
     return fp8_projection(x, weight, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get()});
+  if (WeightGradientDeferral* deferral = deferral_for(x))
+    return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight, deferral});
+  return torch::nn::functional::linear(x, weight);
+}
+
+WeightGradientDeferral* ProjectionImpl::deferral_for(const torch::Tensor& x) const {
   // (Only where x carries a graph: otherwise the function's backward, and with it the weight's
   // gradient, would never run.)
-  if (deferral_ && deferral_->deferring() && torch::GradMode::is_enabled() && weight.requires_grad() &&
-      x.requires_grad())
-    return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight, deferral_});
-  return torch::nn::functional::linear(x, weight);
+  const bool deferred = deferral_ && deferral_->deferring() && torch::GradMode::is_enabled() &&
+                        weight.requires_grad() && x.requires_grad();
+  return deferred ? deferral_ : nullptr;
 }
 
 Projection layer_projection(int64_t in_features, int64_t out_features, const ComputeOptions& options,

@@ -142,12 +142,6 @@ torch::Tensor gather_sequence_whole(const torch::Tensor& x, TensorParallelGroup&
   return SequenceMapping::apply(x, &group, dim, SequenceStep::kAllGather, SequenceStep::kOwnPart);
 }
 
-namespace {
-
-int64_t token_dim(const torch::Tensor& x) { return x.dim() == 3 ? 1 : 0; }
-
-}  // namespace
-
 torch::Tensor TensorParallelRegion::enter(const torch::Tensor& x) const {
   if (!group) return x;
   return sequence_parallel ? gather_from_sequence_parallel(x, *group, token_dim(x)) : copy_to_tensor_parallel(x, *group);

@@ -1,14 +1,20 @@
 // Tensor parallelism's pieces (model/tensor_parallel.h over parallel/tensor_parallel_collectives.h)
 // on real ranks, against the unsplit computation in fp64 on every rank: the vocabulary-parallel
 // loss against the full softmax, a column- then row-parallel MLP against the whole MLP, and the
-// same with sequence parallelism, forward and backward; and whole models split over the group.
+// same with sequence parallelism, forward and backward; projections with their collectives
+// overlapped; and whole models split over the group.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/model/tensor_parallel.h"
+#include "dstrain/model/tensor_parallel_projections.h"
 #include "dstrain/model/transformer.h"
 #include "dstrain/parallel/mpi_communicator.h"
 #include "dstrain/parallel/tensor_parallel_collectives.h"
@@ -109,6 +115,198 @@ TEST(TensorParallel, ColumnThenRowParallelMlpEqualsTheWholeMlp) { expect_split_m
 
 TEST(TensorParallel, SequenceParallelMlpEqualsTheWholeMlpOnEachPartOfTheSequence) {
   expect_split_mlp_equals_the_whole(true);
+}
+
+namespace {
+
+// The collectives of a real group, each start and end written down.
+class RecordingGroup : public TensorParallelGroup {
+ public:
+  RecordingGroup(TensorParallelGroup& real, std::vector<std::string>& log) : real_(real), log_(log) {}
+  int size() const override { return real_.size(); }
+  int rank() const override { return real_.rank(); }
+  void all_reduce_sum(torch::Tensor& t) override { record("all_reduce"), real_.all_reduce_sum(t); }
+  void all_reduce_max(torch::Tensor& t) override { record("all_reduce_max"), real_.all_reduce_max(t); }
+  torch::Tensor all_gather(const torch::Tensor& t, int64_t dim) override {
+    return record("all_gather"), real_.all_gather(t, dim);
+  }
+  torch::Tensor reduce_scatter(const torch::Tensor& t, int64_t dim) override {
+    return record("reduce_scatter"), real_.reduce_scatter(t, dim);
+  }
+  std::unique_ptr<TensorParallelWork> all_reduce_sum_async(const torch::Tensor& t) override {
+    return recorded("all_reduce", real_.all_reduce_sum_async(t));
+  }
+  std::unique_ptr<TensorParallelWork> all_gather_async(const torch::Tensor& t, int64_t dim) override {
+    return recorded("all_gather", real_.all_gather_async(t, dim));
+  }
+  std::unique_ptr<TensorParallelWork> reduce_scatter_async(const torch::Tensor& t, int64_t dim) override {
+    return recorded("reduce_scatter", real_.reduce_scatter_async(t, dim));
+  }
+
+ private:
+  class Recorded : public TensorParallelWork {
+   public:
+    Recorded(std::string name, std::unique_ptr<TensorParallelWork> work, std::vector<std::string>& log)
+        : name_(std::move(name)), work_(std::move(work)), log_(log) {}
+    torch::Tensor wait() override {
+      torch::Tensor result = work_->wait();
+      log_.push_back(name_ + " completed");
+      return result;
+    }
+
+   private:
+    std::string name_;
+    std::unique_ptr<TensorParallelWork> work_;
+    std::vector<std::string>& log_;
+  };
+  void record(const std::string& name) { log_.push_back(name); }
+  std::unique_ptr<TensorParallelWork> recorded(const std::string& name, std::unique_ptr<TensorParallelWork> work) {
+    log_.push_back(name + " started");
+    return std::make_unique<Recorded>(name, std::move(work), log_);
+  }
+  TensorParallelGroup& real_;
+  std::vector<std::string>& log_;
+};
+
+// A zero-bubble schedule's W action, as far as a product sees it: the weights' gradients handed
+// over, and written down.
+class RecordingDeferral : public WeightGradientDeferral {
+ public:
+  explicit RecordingDeferral(std::vector<std::string>& log) : log_(log) {}
+  bool deferring() const override { return true; }
+  void defer(const torch::Tensor& weight, std::function<torch::Tensor()> gradient) override {
+    log_.push_back("weight gradient handed over");
+    handed.emplace_back(weight, std::move(gradient));
+  }
+  std::vector<std::pair<torch::Tensor, std::function<torch::Tensor()>>> handed;
+
+ private:
+  std::vector<std::string>& log_;
+};
+
+// Two column-parallel projections of one input (q and k, gate and up) against the whole ones in
+// fp64, with the input's collective folded in: their outputs, the input's gradient and the
+// weights' (handed to a W action), and the order of the backward pass: the input's collectives
+// under way while the products are computed, the weights' gradients handed over while the
+// input's gradient is summed.
+void expect_projections_overlap_their_collectives(bool sequence_parallel) {
+  WorldGroup world;
+  std::vector<std::string> log;
+  RecordingGroup tp(*world.group, log);
+  const int64_t T = tp.size(), r = tp.rank(), batch = 2, seq = 2 * T, hidden = 4, shard = 3;
+  torch::manual_seed(43);
+  const auto fp64 = torch::kFloat64;
+  const torch::Tensor x = torch::randn({batch, seq, hidden}, fp64);
+  const std::vector<torch::Tensor> weights = {torch::randn({shard * T, hidden}, fp64),
+                                              torch::randn({shard * T, hidden}, fp64)};
+  const std::vector<torch::Tensor> upstream = {torch::randn({batch, seq, shard * T}, fp64),
+                                               torch::randn({batch, seq, shard * T}, fp64)};
+  torch::Tensor x_all = x.clone().requires_grad_();
+  std::vector<torch::Tensor> w_all, y_all;
+  torch::Tensor whole_loss = torch::zeros({}, fp64);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    w_all.push_back(weights[i].clone().requires_grad_());
+    y_all.push_back(torch::matmul(x_all, w_all[i].t()));
+    whole_loss = whole_loss + (y_all[i] * upstream[i]).sum();
+  }
+  whole_loss.backward();
+
+  RecordingDeferral deferral(log);
+  const int64_t part = seq / T;
+  torch::Tensor x_mine = (sequence_parallel ? x.narrow(1, r * part, part) : x).clone().requires_grad_();
+  std::vector<Projection> projections;
+  for (const torch::Tensor& w : weights) {
+    projections.emplace_back(hidden, shard, &deferral);
+    projections.back()->to(fp64);
+    torch::NoGradGuard no_grad;
+    projections.back()->weight.copy_(w.narrow(0, r * shard, shard));
+  }
+  const std::vector<torch::Tensor> y = project_into_tensor_parallel({&tp, sequence_parallel}, x_mine, projections);
+  EXPECT_EQ(log, std::vector<std::string>(sequence_parallel ? 1 : 0, "all_gather")) << "forward";
+  log.clear();
+  torch::Tensor loss = torch::zeros({}, fp64);
+  for (size_t i = 0; i < y.size(); ++i) {
+    expect_near(y[i], y_all[i].narrow(2, r * shard, shard), "output " + std::to_string(i));
+    loss = loss + (y[i] * upstream[i].narrow(2, r * shard, shard)).sum();
+  }
+  loss.backward();
+
+  const std::string sum = sequence_parallel ? "reduce_scatter" : "all_reduce";
+  std::vector<std::string> expected;
+  if (sequence_parallel) expected = {"all_gather started", "all_gather completed"};
+  expected.insert(expected.end(), {sum + " started", "weight gradient handed over", "weight gradient handed over",
+                                   sum + " completed"});
+  EXPECT_EQ(log, expected) << "backward";
+  expect_near(x_mine.grad(), sequence_parallel ? x_all.grad().narrow(1, r * part, part) : x_all.grad(),
+              "the input's gradient");
+  ASSERT_EQ(deferral.handed.size(), weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_TRUE(deferral.handed[i].first.is_same(projections[i]->weight));
+    EXPECT_FALSE(projections[i]->weight.grad().defined()) << "left to the W action";
+    expect_near(deferral.handed[i].second(), w_all[i].grad().narrow(0, r * shard, shard),
+                "weight " + std::to_string(i) + "'s gradient");
+  }
+}
+
+}  // namespace
+
+TEST(TensorParallel, ProjectionsOverlapTheirCollectivesWithTheirProducts) {
+  expect_projections_overlap_their_collectives(false);
+}
+
+TEST(TensorParallel, ProjectionsOverlapTheSequencesCollectivesWithTheirProducts) {
+  expect_projections_overlap_their_collectives(true);
+}
+
+// FP8 products (DeepSeek-V3's blockwise recipe: 1×128 tiles of activations and gradients, 128×128
+// blocks of weights) split by tensor parallelism where the split falls on those boundaries: a
+// column-parallel projection of 128 rows a rank and a row-parallel one of 128 columns a rank
+// quantize exactly the blocks the whole products quantize, so the split MLP equals the whole one
+// up to the order of fp32 sums, forward and backward, with and without sequence parallelism.
+void expect_fp8_products_split_on_block_boundaries_equal_the_whole(bool sequence_parallel) {
+  WorldGroup world;
+  TensorParallelGroup& tp = *world.group;
+  const int64_t T = tp.size(), r = tp.rank(), batch = 2, seq = 4 * T, hidden = 256, width = 128;
+  torch::manual_seed(47);
+  const torch::Tensor x = torch::randn({batch, seq, hidden});
+  const torch::Tensor upstream = torch::randn({batch, seq, hidden});
+  auto fp8 = [](int64_t in, int64_t out, const torch::Tensor& weight) {
+    Projection p(in, out, nullptr, Fp8Recipe::kBlockwise);
+    torch::NoGradGuard no_grad;
+    p->weight.copy_(weight);
+    return p;
+  };
+  const torch::Tensor w_up = torch::randn({width * T, hidden}) * 0.1, w_down = torch::randn({hidden, width * T}) * 0.1;
+  Projection up_all = fp8(hidden, width * T, w_up), down_all = fp8(width * T, hidden, w_down);
+  torch::Tensor x_all = x.clone().requires_grad_();
+  const torch::Tensor y_all = down_all(torch::silu(up_all(x_all)));
+  (y_all * upstream).sum().backward();
+
+  Projection up = fp8(hidden, width, w_up.narrow(0, r * width, width));
+  Projection down = fp8(width, hidden, w_down.narrow(1, r * width, width));
+  const TensorParallelRegion region{&tp, sequence_parallel};
+  const int64_t part = seq / T;
+  auto mine = [&](const torch::Tensor& t) { return sequence_parallel ? t.narrow(1, r * part, part) : t; };
+  torch::Tensor x_mine = mine(x).clone().requires_grad_();
+  const torch::Tensor y = region.leave(down(torch::silu(project_into_tensor_parallel(region, x_mine, {up})[0])));
+  (y * mine(upstream)).sum().backward();
+  auto expect_close = [](const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
+    ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+    EXPECT_TRUE(torch::allclose(actual, expected, 1e-4, 1e-5))
+        << what << ": max difference " << (actual - expected).abs().max().item<double>();
+  };
+  expect_close(y, mine(y_all), "output");
+  expect_close(x_mine.grad(), mine(x_all.grad()), "the input's gradient");
+  expect_close(up->weight.grad(), up_all->weight.grad().narrow(0, r * width, width), "up's gradient");
+  expect_close(down->weight.grad(), down_all->weight.grad().narrow(1, r * width, width), "down's gradient");
+}
+
+TEST(TensorParallel, Fp8ProductsSplitOnBlockBoundariesEqualTheWholeOnes) {
+  expect_fp8_products_split_on_block_boundaries_equal_the_whole(false);
+}
+
+TEST(TensorParallel, Fp8ProductsSplitOnBlockBoundariesWithSequenceParallelismEqualTheWholeOnes) {
+  expect_fp8_products_split_on_block_boundaries_equal_the_whole(true);
 }
 
 TEST(TensorParallel, ReduceScatterRefusesADimensionThatDoesNotSplit) {

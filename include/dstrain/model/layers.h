@@ -63,8 +63,9 @@ class AttentionImpl : public torch::nn::Module {
  private:
   // Key/value heads repeated for the query heads they serve (grouped-query attention).
   torch::Tensor for_query_heads(const torch::Tensor& kv) const;
-  // The one computation of both: without a cache the keys are x's own.
-  torch::Tensor attend(const torch::Tensor& x, const RopeTables& rope, AttentionCache* cache, int64_t start);
+  // The one computation of both, from [q_proj(x), k_proj(x), v_proj(x)]: without a cache the
+  // keys are x's own.
+  torch::Tensor attend(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   // [q_proj(x), k_proj(x), v_proj(x)] → the heads' attention outputs [B, heads, S, head_dim].
   torch::Tensor attention_core(const Tensors& projected, const RopeTables& rope, AttentionCache* cache, int64_t start);
   TensorParallelRegion tp_;  // heads split over its group (none: all here)
@@ -83,7 +84,7 @@ class SwiGLUImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  torch::Tensor mlp(const torch::Tensor& x);
+  torch::Tensor down(const torch::Tensor& gate, const torch::Tensor& up);  // down_proj(silu(gate) · up)
   SelectiveRecompute selective_;
   bool cuda_kernels_;
   TensorParallelRegion tp_;

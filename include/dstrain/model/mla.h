@@ -53,7 +53,8 @@ class MultiHeadLatentAttentionImpl : public torch::nn::Module {
   struct Projected {
     torch::Tensor query, latent, k_rope;
   };
-  // x → [the query's input to its up-projection (q_a_proj(x), or q_proj(x) itself), kv_a_proj(x)].
+  // x → [the query's input to its up-projection (q_a_proj(x), or q_proj(x) itself), kv_a_proj(x)];
+  // under sequence parallelism of the gathered sequence (tensor_parallel_projections.h).
   Tensors down_project(const torch::Tensor& x);
   // x entering this rank's heads: under tensor parallelism (without sequence parallelism, whose
   // gather before the down-projections sums them instead) where the gradients of the group's

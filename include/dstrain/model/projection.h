@@ -26,6 +26,12 @@ class ProjectionImpl : public torch::nn::Module {
   ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral = nullptr,
                  Fp8Recipe fp8 = Fp8Recipe::kNone, std::shared_ptr<Fp8InputShare> fp8_inputs = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
+  // Whether its products are FP8 ones, which only it computes (plain ones others may fuse:
+  // tensor_parallel_projections.h).
+  bool computes_in_fp8() const { return fp8_ != Fp8Recipe::kNone; }
+  // Where the weight's gradient of a product with `x` built now goes: the deferral under a
+  // zero-bubble schedule, or nullptr (autograd's, at once).
+  WeightGradientDeferral* deferral_for(const torch::Tensor& x) const;
 
   torch::Tensor weight;  // [out_features, in_features]
 

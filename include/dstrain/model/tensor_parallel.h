@@ -23,8 +23,16 @@
 #include "dstrain/core/torch_api.h"
 
 #include <cstdint>
+#include <memory>
 
 namespace dstrain {
+
+// A collective of TensorParallelGroup under way; its result once complete.
+class TensorParallelWork {
+ public:
+  virtual ~TensorParallelWork() = default;
+  virtual torch::Tensor wait() = 0;
+};
 
 class TensorParallelGroup {
  public:
@@ -38,6 +46,11 @@ class TensorParallelGroup {
   virtual torch::Tensor all_gather(const torch::Tensor& tensor, int64_t dim) = 0;
   // The sum over the group of `tensor`, split into size() equal chunks along `dim`: this rank's chunk.
   virtual torch::Tensor reduce_scatter(const torch::Tensor& tensor, int64_t dim) = 0;
+  // The same collectives (the sum into a new tensor), started and returned at once, so that the
+  // caller computes while they run; `tensor` stays untouched until wait().
+  virtual std::unique_ptr<TensorParallelWork> all_reduce_sum_async(const torch::Tensor& tensor) = 0;
+  virtual std::unique_ptr<TensorParallelWork> all_gather_async(const torch::Tensor& tensor, int64_t dim) = 0;
+  virtual std::unique_ptr<TensorParallelWork> reduce_scatter_async(const torch::Tensor& tensor, int64_t dim) = 0;
 };
 
 // n / T for a layer dimension split over `group` (n itself without one); throws
@@ -60,6 +73,8 @@ struct TensorParallelRegion {
   explicit operator bool() const { return group != nullptr; }
   torch::Tensor enter(const torch::Tensor& x) const;
   torch::Tensor leave(const torch::Tensor& x) const;
+  // Where the tokens lie in what enters and leaves: dim 1 of [B, S, H], dim 0 of [tokens, H].
+  static int64_t token_dim(const torch::Tensor& x) { return x.dim() == 3 ? 1 : 0; }
 };
 
 // The mean next-token loss of `logits` [N, V / T] (this rank's vocabulary shard: ids rank × V / T

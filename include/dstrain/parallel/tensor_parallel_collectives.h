@@ -15,8 +15,15 @@ class TensorParallelCollectives : public TensorParallelGroup {
   int rank() const override { return tp_.rank(); }
   void all_reduce_sum(torch::Tensor& tensor) override { tp_.all_reduce(tensor, ReduceOp::kSum); }
   void all_reduce_max(torch::Tensor& tensor) override { tp_.all_reduce(tensor, ReduceOp::kMax); }
-  torch::Tensor all_gather(const torch::Tensor& tensor, int64_t dim) override;
-  torch::Tensor reduce_scatter(const torch::Tensor& tensor, int64_t dim) override;
+  torch::Tensor all_gather(const torch::Tensor& tensor, int64_t dim) override {
+    return all_gather_async(tensor, dim)->wait();
+  }
+  torch::Tensor reduce_scatter(const torch::Tensor& tensor, int64_t dim) override {
+    return reduce_scatter_async(tensor, dim)->wait();
+  }
+  std::unique_ptr<TensorParallelWork> all_reduce_sum_async(const torch::Tensor& tensor) override;
+  std::unique_ptr<TensorParallelWork> all_gather_async(const torch::Tensor& tensor, int64_t dim) override;
+  std::unique_ptr<TensorParallelWork> reduce_scatter_async(const torch::Tensor& tensor, int64_t dim) override;
 
  private:
   Communicator& tp_;
