@@ -95,7 +95,7 @@ void load_model_parameters(const CheckpointReader& reader, const NamedTensors& p
     if (info->shape != whole)
       throw Error(ExitCode::kCheckpoint, reader.path() + ": /" + dataset + " has shape " + shape_text(info->shape) +
                                              ", the model expects " + shape_text(whole));
-    param.copy_(part.block_of(reader.read(dataset)));
+    param.copy_(read_tensor_part(reader, dataset, part, param.sizes().vec()));
   }
 }
 

@@ -209,6 +209,62 @@ torch::Tensor CheckpointReader::read_range(const std::string& name, int64_t offs
   return span.narrow(0, offset - span_start, count);
 }
 
+namespace {
+
+// The columns [first, first + width) a piece of a dataset with rows of `row` elements covers: a
+// block of rows, or a run within one row (a run across rows covers them all: {0, row}).
+std::pair<int64_t, int64_t> columns_of(const ChecksumPiece& piece, int64_t row) {
+  const int64_t first = piece.offset % row, width = piece.count / piece.rows;
+  if (piece.block() ? piece.stride == row : first + width <= row) return {first, width};
+  return {0, row};
+}
+
+}  // namespace
+
+torch::Tensor CheckpointReader::read_columns(const std::string& name, int64_t first, int64_t width) const {
+  const DatasetInfo* info = find(name);
+  if (!info) throw Error(kCode, path_ + ": /" + name + " is missing");
+  const std::string at = path_ + ": /" + name;
+  if (info->shape.size() != 2 || first < 0 || width < 0 || first + width > info->shape[1])
+    throw Error(kCode, at + ": columns " + std::to_string(first) + "+" + std::to_string(width) + " asked of shape " +
+                           shape_text(info->shape));
+  const int64_t rows = info->shape[0], row = info->shape[1];
+  std::string problem;
+  const std::vector<ChecksumPiece> pieces = checksum_pieces(info->checksum, rows * row, &problem);
+  if (!problem.empty()) throw Error(kCode, at + ": the data do not match the checksum (" + problem + ")");
+  const bool banded = std::all_of(pieces.begin(), pieces.end(), [&](const ChecksumPiece& p) {
+    return columns_of(p, row).second < row || row == 0;
+  });
+  if (!banded || pieces.size() < 2) return read(name).narrow(1, first, width).contiguous();
+
+  torch::Tensor out = torch::empty({rows, width}, torch::dtype(info->dtype));
+  std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
+  h5::Handle dataset(h5::check_id(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
+  h5::Handle type = stored_type(info->dtype);
+  for (const ChecksumPiece& piece : pieces) {
+    const auto [column, columns] = columns_of(piece, row);
+    const int64_t from = std::max(first, column), to = std::min(first + width, column + columns);
+    if (from >= to) continue;  // another rank's block
+    // The piece whole (its checksum covers all of it), as a hyperslab of its rows.
+    const hsize_t start[2] = {static_cast<hsize_t>(piece.offset / row), static_cast<hsize_t>(column)};
+    const hsize_t count[2] = {static_cast<hsize_t>(piece.rows), static_cast<hsize_t>(columns)};
+    torch::Tensor values = torch::empty({piece.rows, columns}, torch::dtype(info->dtype));
+    h5::Handle file_space(h5::check_id(H5Dget_space(dataset.get()), kCode, at), H5Sclose);
+    h5::check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), kCode, at);
+    h5::Handle memory_space(h5::check_id(H5Screate_simple(2, count, nullptr), kCode, at), H5Sclose);
+    h5::check(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT, values.data_ptr()),
+              kCode, at + ": reading (truncated file?)");
+    const std::string mismatch =
+        piece_mismatch(static_cast<const char*>(values.data_ptr()), values.element_size(), piece);
+    if (!mismatch.empty())
+      throw Error(kCode, at + ": the data do not match the checksum (" + mismatch + "): the file is damaged");
+    out.narrow(0, static_cast<int64_t>(start[0]), piece.rows)
+        .narrow(1, from - first, to - from)
+        .copy_(values.narrow(1, from - column, to - from));
+  }
+  return out;
+}
+
 std::vector<std::string> CheckpointReader::verify() const {
   std::vector<std::string> bad;
   for (const DatasetInfo& d : datasets_) {

@@ -50,8 +50,8 @@ torch::Tensor read_part(const CheckpointReader& reader, const std::string& datas
                         const TensorPart& part) {
   const int64_t count = state.master.numel();
   torch::Tensor values;
-  if (part.dim == 1) {  // a block of columns: read whole (reader.read_range)
-    values = part.block_of(reader.read(dataset)).contiguous().reshape({-1}).narrow(0, state.offset, count);
+  if (part.dim == 1) {  // a block of columns: its rows are not one range of the dataset
+    values = read_tensor_part(reader, dataset, part, state.full_shape).reshape({-1}).narrow(0, state.offset, count);
   } else {
     const int64_t first = part.whole() ? 0 : part.index * c10::multiply_integers(state.full_shape);
     values = reader.read_range(dataset, first + state.offset, count);
@@ -113,6 +113,15 @@ bool has_optimizer_state(const CheckpointReader& reader) {
   const auto& datasets = reader.datasets();
   return std::any_of(datasets.begin(), datasets.end(),
                      [](const CheckpointReader::DatasetInfo& d) { return d.name.compare(0, 6, "optim/") == 0; });
+}
+
+torch::Tensor read_tensor_part(const CheckpointReader& reader, const std::string& dataset, const TensorPart& part,
+                               const std::vector<int64_t>& local) {
+  if (part.whole()) return reader.read(dataset);
+  const int64_t elements = c10::multiply_integers(local);
+  if (part.dim == 0) return reader.read_range(dataset, part.index * elements, elements).view(local);
+  const int64_t width = local.at(1);  // (a block of columns of a 2-D tensor: place() takes no other)
+  return reader.read_columns(dataset, part.index * width, width).view(local);
 }
 
 std::string weight_dataset(const CheckpointReader& reader, const std::string& name) {

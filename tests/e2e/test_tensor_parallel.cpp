@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "dstrain/ckpt/checkpoint_reader.h"
 #include "e2e_util.h"
 
@@ -31,6 +33,31 @@ RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> e
   extra.insert(extra.begin(),
                {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "3"});
   return train_tiny_v3(ranks, dir, extra);
+}
+
+// A row-parallel weight's dataset, written by tp 2 as two blocks of columns: each rank's block
+// reads back alone (CheckpointReader::read_columns), as the whole dataset has it, and with a byte
+// of one block damaged the other still reads (its pieces alone are read) while the damaged one is
+// refused.
+void expect_each_block_of_columns_read_alone(const std::string& checkpoint, const std::string& dataset) {
+  const std::string damaged = scratch_dir("tp-block-damaged") + "/damaged.h5";
+  std::filesystem::copy_file(checkpoint, damaged);
+  flip_a_byte(damaged, "/" + dataset);
+  dstrain::CheckpointReader intact(checkpoint), reader(damaged);
+  const torch::Tensor whole = intact.read(dataset);
+  ASSERT_EQ(whole.dim(), 2);
+  const int64_t width = whole.size(1) / 2;
+  // flip_a_byte's byte is the middle one: the element at half the dataset.
+  const int64_t damaged_column = (whole.numel() / 2) % whole.size(1);
+  for (int64_t block : {0, 1}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    const torch::Tensor expected = whole.narrow(1, block * width, width);
+    EXPECT_TRUE(torch::equal(intact.read_columns(dataset, block * width, width), expected));
+    if (damaged_column / width == block)
+      EXPECT_THROW(reader.read_columns(dataset, block * width, width), dstrain::Error);
+    else
+      EXPECT_TRUE(torch::equal(reader.read_columns(dataset, block * width, width), expected));
+  }
 }
 
 }  // namespace
@@ -101,6 +128,7 @@ TEST(TensorParallel, CheckpointsResumeOnAnyLayout) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const std::string middle = checkpoint_file(split, 3);
   EXPECT_TRUE(dstrain::CheckpointReader(middle).verify().empty());
+  expect_each_block_of_columns_read_alone(middle, "optim/model.layers.0.self_attn.o_proj.weight/exp_avg");
   const RunOutput inspect = run_dstrain(0, {"ckpt", "inspect", middle});
   EXPECT_NE(inspect.output.find("written by 4 ranks: tp 2 x dp 1 x pp 2"), std::string::npos) << inspect.output;
 

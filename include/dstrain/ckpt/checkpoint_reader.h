@@ -50,6 +50,11 @@ class CheckpointReader {
   // their checksums, so that ranks resuming a sharded optimizer together read the file about
   // once, not once each. A dataset checksummed whole, or in blocks of rows, is read whole.
   torch::Tensor read_range(const std::string& name, int64_t offset, int64_t count) const;
+  // Columns [first, first + width) of a 2-D dataset, [rows, width] (tensor parallelism's block of
+  // a row-parallel weight): where every piece it was written in lies within a band of columns
+  // (blocks of rows, runs within a row: format version 3), only the pieces that hold those columns
+  // are read, each checked against its checksum; otherwise the whole dataset.
+  torch::Tensor read_columns(const std::string& name, int64_t first, int64_t width) const;
   // Reads every dataset; the names of those whose data do not match their checksum.
   std::vector<std::string> verify() const;
 

@@ -37,12 +37,6 @@ struct TensorPart {
     if (!whole()) local.at(static_cast<size_t>(dim)) *= parts;
     return local;
   }
-  // This part of the whole tensor `values` (a view).
-  torch::Tensor block_of(const torch::Tensor& values) const {
-    if (whole()) return values;
-    const int64_t size = values.size(dim) / parts;
-    return values.narrow(dim, index * size, size);
-  }
 };
 
 // Tensor parallelism in a checkpoint: each parameter's part by global name, and which of the
@@ -80,6 +74,12 @@ bool has_optimizer_state(const CheckpointReader& reader);
 // The dataset with the most precise weight of parameter `name`: its fp32 master where the
 // checkpoint has one (a bf16/fp16 run), else "model/<name>".
 std::string weight_dataset(const CheckpointReader& reader, const std::string& name);
+
+// This rank's `part` (of shape `local`) of the whole tensor stored in `dataset`, reading only that
+// part where the file allows (CheckpointReader::read_range for blocks of rows, read_columns for
+// blocks of columns).
+torch::Tensor read_tensor_part(const CheckpointReader& reader, const std::string& dataset, const TensorPart& part,
+                               const std::vector<int64_t>& local);
 
 // A resume: copies this rank's part of each master (or parameter) and moment into `optimizer`'s
 // tensors (their shard of each, under ZeRO-1), and the parameters the optimizer does not update
