@@ -204,8 +204,9 @@ class RingAttention : public torch::autograd::Function<RingAttention> {
                                                v.to(compute), dout, lse, delta, in, dq);
     variable_list inputs = {leaf};
     inputs.insert(inputs.end(), in.expansion_parameters.begin(), in.expansion_parameters.end());
-    const variable_list d = torch::autograd::grad({k, v}, inputs, {g.dk.to(k.scalar_type()), g.dv.to(v.scalar_type())},
-                                                  /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    const variable_list d =
+        torch::autograd::grad({k, v}, inputs, {g.dk.to(k.scalar_type()), g.dv.to(v.scalar_type())},
+                              /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t i = 0; i < dparameters.size(); ++i) {
       if (!d[i + 1].defined()) continue;
       dparameters[i] = dparameters[i].defined() ? dparameters[i] + d[i + 1] : d[i + 1];

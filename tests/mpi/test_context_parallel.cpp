@@ -83,9 +83,10 @@ void expect_ring_equals_full_attention(int64_t chunk, int64_t passed_width,
 void expect_ring_of_keys_and_values_equals_full_attention(
     int64_t chunk, int64_t score_block_elements = RingAttentionInputs{}.score_block_elements) {
   torch::manual_seed(7);  // the same whole sequence on every rank
-  expect_ring_equals_full_attention(
-      chunk, 9, [](const torch::Tensor& t, int64_t which) { return which == 0 ? t.narrow(-1, 0, 5) : t.narrow(-1, 5, 4); },
-      {}, score_block_elements);
+  auto keys_or_values = [](const torch::Tensor& t, int64_t which) {
+    return which == 0 ? t.narrow(-1, 0, 5) : t.narrow(-1, 5, 4);
+  };
+  expect_ring_equals_full_attention(chunk, 9, keys_or_values, {}, score_block_elements);
 }
 
 }  // namespace
