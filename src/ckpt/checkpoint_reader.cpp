@@ -232,15 +232,17 @@ torch::Tensor CheckpointReader::read_columns(const std::string& name, int64_t fi
   std::string problem;
   const std::vector<ChecksumPiece> pieces = checksum_pieces(info->checksum, rows * row, &problem);
   if (!problem.empty()) throw Error(kCode, at + ": the data do not match the checksum (" + problem + ")");
-  const bool banded = std::all_of(pieces.begin(), pieces.end(), [&](const ChecksumPiece& p) {
-    return columns_of(p, row).second < row || row == 0;
-  });
-  if (!banded || pieces.size() < 2) return read(name).narrow(1, first, width).contiguous();
+  // One piece is the dataset whole; a piece wider than a band of columns spans other ranks' blocks.
+  const bool banded = pieces.size() > 1 && std::all_of(pieces.begin(), pieces.end(), [&](const ChecksumPiece& p) {
+                        return columns_of(p, row).second < row;
+                      });
+  if (!banded) return read(name).narrow(1, first, width).contiguous();
 
   torch::Tensor out = torch::empty({rows, width}, torch::dtype(info->dtype));
   std::lock_guard<std::recursive_mutex> lock(h5::h5_mutex());
   h5::Handle dataset(h5::check_id(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), kCode, at), H5Dclose);
   h5::Handle type = stored_type(info->dtype);
+  h5::Handle file_space(h5::check_id(H5Dget_space(dataset.get()), kCode, at), H5Sclose);
   for (const ChecksumPiece& piece : pieces) {
     const auto [column, columns] = columns_of(piece, row);
     const int64_t from = std::max(first, column), to = std::min(first + width, column + columns);
@@ -249,7 +251,6 @@ torch::Tensor CheckpointReader::read_columns(const std::string& name, int64_t fi
     const hsize_t start[2] = {static_cast<hsize_t>(piece.offset / row), static_cast<hsize_t>(column)};
     const hsize_t count[2] = {static_cast<hsize_t>(piece.rows), static_cast<hsize_t>(columns)};
     torch::Tensor values = torch::empty({piece.rows, columns}, torch::dtype(info->dtype));
-    h5::Handle file_space(h5::check_id(H5Dget_space(dataset.get()), kCode, at), H5Sclose);
     h5::check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr), kCode, at);
     h5::Handle memory_space(h5::check_id(H5Screate_simple(2, count, nullptr), kCode, at), H5Sclose);
     h5::check(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT, values.data_ptr()),

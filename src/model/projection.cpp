@@ -34,15 +34,18 @@ class DeferredWeightProjection : public torch::autograd::Function<DeferredWeight
     const torch::Tensor &x = saved[0], &weight_values = saved[1];
     const torch::Tensor grad = grad_outputs[0];
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const int64_t in = weight_values.size(1), out = weight_values.size(0);
     auto* deferral = reinterpret_cast<WeightGradientDeferral*>(ctx->saved_data["deferral"].toInt());
-    deferral->defer(weight, [x, grad, in, out] { return grad.reshape({-1, out}).t().mm(x.reshape({-1, in})); });
+    deferral->defer(weight, [x, grad] { return projection_weight_gradient(grad, x); });
     torch::Tensor grad_x = ctx->needs_input_grad(0) ? grad.matmul(weight_values) : torch::Tensor();
     return {grad_x, torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
+
+torch::Tensor projection_weight_gradient(const torch::Tensor& grad_output, const torch::Tensor& input) {
+  return grad_output.reshape({-1, grad_output.size(-1)}).t().mm(input.reshape({-1, input.size(-1)}));
+}
 
 ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral,
                                Fp8Recipe fp8, std::shared_ptr<Fp8InputShare> fp8_inputs)

@@ -55,21 +55,18 @@ class EnteringProjections : public torch::autograd::Function<EnteringProjections
       reducing = sequence_parallel ? group.reduce_scatter_async(dentered, dim) : group.all_reduce_sum_async(dentered);
     variable_list result = {torch::Tensor()};
     for (size_t i = 0; i < grads.size(); ++i)  // the weights' gradients, while the input's is reduced
-      result.push_back(weight_gradient(ctx, *spec, i, grads[i], saved[i + 1], entered));
+      result.push_back(weight_gradient(ctx, *spec, i, grads[i], entered));
     if (reducing) result[0] = reducing->wait();
     result.emplace_back();  // the spec
     return result;
   }
 
  private:
-  // dyᵀ entered, with the input folded to rows as LibTorch's linear backward does; or handed to
-  // the deferral (undefined returned).
+  // dyᵀ entered (projection_weight_gradient), or handed to the deferral (undefined returned).
   static torch::Tensor weight_gradient(AutogradContext* ctx, const EnteringSpec& spec, size_t i,
-                                       const torch::Tensor& grad, const torch::Tensor& weight,
-                                       const torch::Tensor& entered) {
+                                       const torch::Tensor& grad, const torch::Tensor& entered) {
     if (!grad.defined()) return {};
-    const int64_t in = weight.size(1), out = weight.size(0);
-    auto product = [grad, entered, in, out] { return grad.reshape({-1, out}).t().mm(entered.reshape({-1, in})); };
+    auto product = [grad, entered] { return projection_weight_gradient(grad, entered); };
     if (spec.deferral) {
       spec.deferral->defer(spec.parameters[i], product);
       return {};

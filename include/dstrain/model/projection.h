@@ -43,6 +43,10 @@ class ProjectionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Projection);
 
+// The gradient of y = x Wᵀ's weight, dyᵀ x, with x and dy folded to rows as LibTorch's linear
+// backward folds them: what a projection's W action, deferred or not, computes.
+torch::Tensor projection_weight_gradient(const torch::Tensor& grad_output, const torch::Tensor& input);
+
 // A decoder layer's projection, deferred and in FP8 as `options` say; `same_input`: shared by the
 // projections that read the same input (FP8 keeps one copy of it for them all).
 Projection layer_projection(int64_t in_features, int64_t out_features, const ComputeOptions& options,
