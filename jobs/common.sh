@@ -106,7 +106,11 @@ dstrain_train() {
   # srun in a process group of its own: Slurm signals the batch shell's whole group, and a
   # warning that is not to be passed on must not reach srun (nor one that is, twice).
   # (errexit off meanwhile: bash leaves a script under set -e after a trap has interrupted wait)
+  # dstrain writes its exit code to DSTRAIN_EXIT_FILE when it ends on its own: srun exits 0 also
+  # when the step's tasks failed to launch, and such a run must not pass for a finished one.
   local rc=0 srun_pid
+  export DSTRAIN_EXIT_FILE=$RUN_DIR/.exit-$SLURM_JOB_ID-$restarts
+  mkdir -p "$RUN_DIR" && rm -f "$DSTRAIN_EXIT_FILE"
   set +e
   trap 'dstrain_forward_warning "$srun_pid"' USR1
   setsid "${command[@]}" &
@@ -118,6 +122,11 @@ dstrain_train() {
   done
   trap - USR1
   set -e
+  if [[ $rc -eq 0 && ! -f $DSTRAIN_EXIT_FILE ]]; then
+    echo "dstrain: srun exited 0 but dstrain did not end on its own (its tasks failed to launch?): treated as a failed node" >&2
+    rc=5
+  fi
+  rm -f "$DSTRAIN_EXIT_FILE"
   case $rc in
     0)
       echo "dstrain: finished"

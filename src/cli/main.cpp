@@ -60,6 +60,16 @@ const char* kUsage =
     "  dstrain <command> --help    the options of a command\n"
     "  dstrain --version\n";
 
+// A job script learns that training ran to its end from this file, not from srun's exit status
+// alone: Slurm's srun reports 0 for a step whose tasks failed to launch (a PMIx failure, say).
+void record_exit_for_job_script(int world_rank, int code) {
+  const char* path = std::getenv("DSTRAIN_EXIT_FILE");
+  if (world_rank != 0 || path == nullptr || path[0] == '\0') return;
+  std::ofstream out(path, std::ios::trunc);
+  out << code << "\n";
+  if (!out.flush()) log::warning("could not write the exit code to DSTRAIN_EXIT_FILE = ", path);
+}
+
 int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   OptionTable table = train_option_table();
   if (std::find(args.begin(), args.end(), "--help-markdown") != args.end()) {
@@ -86,7 +96,9 @@ int train_command(int argc, char** argv, const std::vector<std::string>& args) {
   }
   const TrainResult result = run_training(parsed.options);
   if (!result.run_files.empty()) log::info(result.run_files);
-  return static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
+  const int code = static_cast<int>(result.requeue ? ExitCode::kRequeue : ExitCode::kSuccess);
+  record_exit_for_job_script(mpi.world_rank(), code);
+  return code;
 }
 
 int bench_command(int argc, char** argv, const std::vector<std::string>& args) {

@@ -79,8 +79,12 @@ if ! pgrep -x munged >/dev/null; then
 fi
 
 host=$(hostname)
-rm -rf "$dir/state" "$dir/spool"  # every start is a new cluster: no jobs of an earlier run
-mkdir -p "$dir/state" "$dir/spool"
+rm -rf "$dir/state" "$dir/spool" "$dir/pmix"  # every start is a new cluster: no jobs of an earlier run
+mkdir -p "$dir/state" "$dir/spool" "$dir/pmix"
+# PMIx's per-step directories are named by job and step id only, which every new cluster counts
+# from 1 again: under the cluster's own directory, not the machine's /tmp, so that what a killed
+# cluster left there (or another cluster's running step) cannot make a step's launch fail.
+echo "PMIxCliTmpDirBase=$dir/pmix" >"$dir/mpi.conf"
 cat >"$conf" <<CONF
 # The dstrain tests' one-node cluster (tests/slurm/cluster.sh).
 ClusterName=dstraintest

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The job scripts under a real (one-node) Slurm: what ctest runs with label `slurm`, against the
 # cluster that tests/slurm/cluster.sh started (SLURM_CONF set by ctest).
-#   test_slurm.sh smoke | node_failure | time_limit | interactive | stop_ends_only_its_own
+#   test_slurm.sh smoke | node_failure | time_limit | launch_failure | interactive | stop_ends_only_its_own
 # Environment: DSTRAIN (the executable), DSTRAIN_SOURCE (the source tree), CORPUS and
 # CORPUS_VALID (prepared by the `prepare` test), WORK (a scratch directory).
 set -uo pipefail
@@ -86,6 +86,22 @@ print(max(1000, round(s["tokens_per_s"] * 90 / (s["tokens"] / s["steps"]) / 100)
     grep -q "checkpointed on a signal; requeueing" "$dir/$job.out" || fail "not requeued after the signal"
     [[ $(job_field "$job" Restarts) -ge 1 ]] || fail "job $job was not requeued"
     [[ $(cat "$dir/run/checkpoints/latest") == $(printf 'step_%08d.h5' "$steps") ]] || fail "the run did not finish all $steps steps"
+    ;;
+  launch_failure)
+    # A step whose tasks fail to launch (PMIx cannot create its directory for the step, which a
+    # directory of that name left behind makes happen) ends srun with exit code 0: the script must
+    # not take that for a finished run but for a failed node, which ends the job (exit code 5) once
+    # its restarts are used up: none here, since the node would fail the requeued step the same way.
+    pmix=$(dirname "$SLURM_CONF")/pmix
+    job=$(DSTRAIN_MAX_RESTARTS=0 RUN_DIR=$dir/run sbatch --parsable --hold --output="$dir/%j.out" jobs/cpu_smoke.sh \
+          "${data[@]}" --train.steps 10) || fail "sbatch refused the job"
+    mkdir -p "$pmix/spmix_appdir_$(id -u)_$job.0/0"
+    scontrol release "$job" || fail "could not release job $job"
+    for _ in $(seq 1 400); do [[ -z $(squeue -h -j "$job" -o %T 2>/dev/null) ]] && break; sleep 1; done
+    grep -q "launch failed" "$dir/$job.out" || fail "the step of job $job launched after all"
+    grep -q "did not end on its own" "$dir/$job.out" || fail "a step that did not launch passed for a finished run"
+    [[ $(job_field "$job" JobState) == FAILED && $(job_field "$job" ExitCode) == 5:0 ]] ||
+      fail "job $job ended $(job_field "$job" JobState) with exit code $(job_field "$job" ExitCode), not FAILED with 5"
     ;;
   interactive)
     # debug_interactive.sh inside an allocation: srun with every rank's log, labelled.
