@@ -13,14 +13,15 @@ torch::Tensor DecoderLayerImpl::through_norm(RMSNorm& norm, const torch::Tensor&
                            selective_.clock)[0];
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, const ComputeOptions& options)
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t layer, const ComputeOptions& options,
+                                   int64_t unrouted_tail)
     : selective_(options.selective()) {
   if (c.is_mla())
     latent_attention_ = register_module("self_attn", MultiHeadLatentAttention(c, options));
   else
     attention_ = register_module("self_attn", Attention(c, options));
   if (c.is_moe_layer(layer))
-    moe_ = register_module("mlp", MoE(c, options));
+    moe_ = register_module("mlp", MoE(c, options, unrouted_tail));
   else
     mlp_ = register_module("mlp", SwiGLU(c.hidden_size, c.intermediate_size, options));
   input_layernorm_ = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));

@@ -105,10 +105,11 @@ std::pair<int64_t, int64_t> part_of(int64_t length, int rank, int parts) {
 
 }  // namespace
 
-MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
+MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options, int64_t unrouted_tail)
     : config_(c),
       tp_{options.tensor_parallel, options.sequence_parallel},
       cp_(options.context_parallel),
+      unrouted_tail_(options.context_parallel ? unrouted_tail : 0),
       local_exchange_(options.expert_exchange ? nullptr : std::make_unique<LocalExpertExchange>()),
       exchange_(options.expert_exchange ? options.expert_exchange : local_exchange_.get()),
       shard_(exchange_->shard()) {
@@ -132,11 +133,21 @@ MoEImpl::MoEImpl(const ModelConfig& c, const ComputeOptions& options)
 }
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
+  const int64_t seq = x.size(1), context_parts = cp_ ? cp_->size() : 1;
+  const int64_t sequence_parts = tp_ && tp_.sequence_parallel ? tp_.group->size() : 1;
+  const int64_t whole = seq * sequence_parts * context_parts - unrouted_tail_;
+  const int64_t tail = unrouted_tail_ > 0 ? context_parallel_tail(*cp_, unrouted_tail_) : 0;
+  if (tail == 0) return forward_routed(x, whole, pass);
+  const torch::Tensor routed = forward_routed(x.narrow(1, 0, seq - tail), whole, pass);
+  return torch::cat({routed, torch::zeros_like(routed.narrow(1, 0, tail))}, 1);
+}
+
+torch::Tensor MoEImpl::forward_routed(const torch::Tensor& x, int64_t whole, Pass pass) {
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   const int64_t context_parts = cp_ ? cp_->size() : 1;
   torch::Tensor flat = x.reshape({batch * seq, hidden}), routed, balance;
   if (!tp_ || tp_.sequence_parallel) {  // this rank's tokens are those it holds
-    routed = route_and_compute(flat, batch, seq * (tp_ ? tp_.group->size() : 1) * context_parts, pass, balance);
+    routed = route_and_compute(flat, batch, whole, pass, balance);
   } else {
     // Every rank holds the whole sequence and routes its part of it. The copy's backward pass
     // sums the group's gradients of x (each has its part's); the sum joins the parts' outputs.
@@ -144,7 +155,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x, Pass pass) {
     const auto [start, size] = part_of(seq, group.rank(), group.size());
     const torch::Tensor part = copy_to_tensor_parallel(x, group).narrow(1, start, size).reshape({batch * size, hidden});
     const torch::Tensor mine =
-        route_and_compute(part, batch, seq * context_parts, pass, balance).view({batch, size, hidden});
+        route_and_compute(part, batch, whole, pass, balance).view({batch, size, hidden});
     auto zeros = [&](int64_t n) { return torch::zeros({batch, n, hidden}, mine.options()); };
     routed = reduce_from_tensor_parallel(torch::cat({zeros(start), mine, zeros(seq - start - size)}, 1), group)
                  .view({batch * seq, hidden});

@@ -3,7 +3,7 @@
 namespace dstrain {
 
 MultiTokenPredictionImpl::MultiTokenPredictionImpl(const ModelConfig& c, int64_t layer, const ComputeOptions& options)
-    : DecoderLayerImpl(c, layer, options) {
+    : DecoderLayerImpl(c, layer, options, /*unrouted_tail=*/layer - c.num_layers + 1) {
   enorm_ = register_module("enorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   hnorm_ = register_module("hnorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   eh_proj_ = register_module("eh_proj", Projection(2 * c.hidden_size, c.hidden_size, options.deferral));

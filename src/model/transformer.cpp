@@ -75,7 +75,8 @@ torch::Tensor DecoderStackImpl::predict_ahead(int64_t depth, const torch::Tensor
                                               const torch::Tensor& embedded) {
   // The module's decoder layer follows the chunk's last one, and is recomputed as those are.
   MultiTokenPrediction module = mtp_.at(static_cast<size_t>(depth - 1));
-  return run_layer(*module, static_cast<int64_t>(layers_.size()) + depth - 1, module->join(previous, embedded), rope_);
+  const RopeTables rope = cp_ ? context_rope(previous.size(1)) : rope_;  // (the module's input is never split by tp)
+  return run_layer(*module, static_cast<int64_t>(layers_.size()) + depth - 1, module->join(previous, embedded), rope);
 }
 
 torch::Tensor DecoderStackImpl::mtp_head_input(int64_t depth, const torch::Tensor& hidden) {
@@ -138,8 +139,6 @@ CausalLMImpl::CausalLMImpl(const ModelConfig& c, const LayerSlice& slice, const 
       carries_embeddings_(c.num_nextn_predict_layers > 0 && !(slice.has_embedding && slice.has_head)),
       tp_{options.tensor_parallel, options.sequence_parallel},
       cp_(options.context_parallel) {
-  if (cp_ && c.num_nextn_predict_layers > 0)
-    throw std::invalid_argument("multi-token prediction does not run with context parallelism yet");
   model_ = register_module("model", DecoderStack(c, slice, options));
   if (slice.has_head)
     lm_head_ = register_module(
@@ -201,34 +200,61 @@ LanguageModelLosses CausalLMImpl::losses(const torch::Tensor& input, const torch
   // (With sequence parallelism the hidden states are this rank's part of the sequence.)
   const bool sequence_parallel = tp_ && tp_.sequence_parallel;
   const int64_t seq = hidden.size(1) * (sequence_parallel ? tp_.group->size() : 1);
+  // Under context parallelism: this rank's chunks of the sequence, whose targets are the tokens after them.
+  const torch::Tensor targets =
+      cp_ ? context_parallel_part(tokens.narrow(1, 1, seq * cp_->size()), *cp_, 1) : tokens.narrow(1, 1, seq);
   LanguageModelLosses losses;
-  if (cp_) {  // this rank's chunks of the sequence, whose targets are the tokens after them
-    losses.next_token = head_loss(hidden, context_parallel_part(tokens.narrow(1, 1, seq * cp_->size()), *cp_, 1), tp_);
-    return losses;
-  }
-  losses.next_token = head_loss(hidden, tokens.narrow(1, 1, seq), tp_);
-  const int64_t depths = config_.num_nextn_predict_layers;
-  if (!with_mtp || depths == 0) return losses;
-  if (seq <= depths)
-    throw std::invalid_argument("multi-token prediction needs sequences longer than num_nextn_predict_layers");
+  losses.next_token = head_loss(hidden, targets, tp_);
+  if (!with_mtp || config_.num_nextn_predict_layers == 0) return losses;
   // The modules compute on the whole sequence (their layers are not sequence-parallel).
-  const TensorParallelRegion whole{tp_.group, false};
   if (sequence_parallel) {
     hidden = gather_sequence_whole(hidden, *tp_.group, 1);
     embeddings = gather_sequence_whole(embeddings, *tp_.group, 1);
   }
+  losses.mtp = multi_token_loss(hidden, embeddings, tokens, seq);
+  return losses;
+}
+
+torch::Tensor CausalLMImpl::multi_token_loss(torch::Tensor hidden, const torch::Tensor& embeddings,
+                                             const torch::Tensor& tokens, int64_t seq) {
+  const int64_t depths = config_.num_nextn_predict_layers;
+  const TensorParallelRegion whole{tp_.group, false};
   // Depth k sees positions 0 .. S-1-k: the embedding of t_{i+k} (an input position, so the
   // first stage's embeddings hold it) and predicts t_{i+k+1}. Depth 1 starts from the main
-  // model's normalised output, depth k + 1 from depth k's decoder layer output.
+  // model's normalised output, depth k + 1 from depth k's decoder layer output. Under context
+  // parallelism every depth computes on this rank's chunks whole, the embeddings k places on
+  // coming partly from the ranks holding the next chunks.
+  if (cp_ ? seq / 2 < depths : seq <= depths)
+    throw std::invalid_argument("multi-token prediction needs " +
+                                std::string(cp_ ? "context-parallel chunks at least" : "sequences longer than") +
+                                " num_nextn_predict_layers");
   torch::Tensor sum;
   for (int64_t k = 1; k <= depths; ++k) {
-    const int64_t n = seq - k;
-    hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
-    torch::Tensor loss = head_loss(model_->mtp_head_input(k, hidden), tokens.narrow(1, k + 1, n), whole);
+    torch::Tensor loss;
+    if (cp_) {
+      hidden = model_->predict_ahead(k, hidden, context_parallel_ahead(embeddings, k, *cp_));
+      loss = context_parallel_ahead_loss(k, model_->mtp_head_input(k, hidden), tokens, whole);
+    } else {
+      const int64_t n = seq - k;
+      hidden = model_->predict_ahead(k, hidden.narrow(1, 0, n), embeddings.narrow(1, k, n));
+      loss = head_loss(model_->mtp_head_input(k, hidden), tokens.narrow(1, k + 1, n), whole);
+    }
     sum = sum.defined() ? sum + loss : loss;
   }
-  losses.mtp = sum / static_cast<double>(depths);
-  return losses;
+  return sum / static_cast<double>(depths);
+}
+
+torch::Tensor CausalLMImpl::context_parallel_ahead_loss(int64_t depth, const torch::Tensor& head_input,
+                                                        const torch::Tensor& tokens, const TensorParallelRegion& region) {
+  const int64_t held = head_input.size(1), whole = held * cp_->size(), predicted = whole - depth;
+  // Position i's target is t_{i+depth+1}; the last `depth` positions have none (any token stands
+  // in for it until they are cut off, on the rank that holds them).
+  const torch::Tensor ahead = torch::cat({tokens.narrow(1, depth + 1, predicted), tokens.narrow(1, 0, depth)}, 1);
+  const int64_t kept = held - context_parallel_tail(*cp_, depth);
+  const torch::Tensor mean = head_loss(head_input.narrow(1, 0, kept),
+                                       context_parallel_part(ahead, *cp_, 1).narrow(1, 0, kept), region);
+  // This rank's sum over the whole sequence's count, times cp: the ranks' average is the mean.
+  return mean * (static_cast<double>(kept * cp_->size()) / static_cast<double>(predicted));
 }
 
 torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets,

@@ -104,11 +104,12 @@ void check_context_parallelism(const ParallelConfig& c, const ModelConfig& model
     throw config_error("parallel.cp", std::to_string(c.cp),
                        "train.seq_len = " + std::to_string(seq_len) + " must split into 2 × cp = " +
                            std::to_string(2 * c.cp) + " chunks of equal length");
-  if (model.num_nextn_predict_layers > 0)
+  // Multi-token prediction reads the embeddings `depth` positions on from the next chunk alone.
+  if (seq_len / (2 * c.cp) < model.num_nextn_predict_layers)
     throw config_error("parallel.cp", std::to_string(c.cp),
-                       "multi-token prediction (model.num_nextn_predict_layers = " +
-                           std::to_string(model.num_nextn_predict_layers) +
-                           ") does not run with context parallelism yet; use 1, or set it to 0");
+                       "its chunks of train.seq_len / (2 × cp) = " + std::to_string(seq_len / (2 * c.cp)) +
+                           " positions must be at least model.num_nextn_predict_layers = " +
+                           std::to_string(model.num_nextn_predict_layers) + " long");
 }
 
 void check_tensor_parallelism(const ParallelConfig& c, const ModelConfig& model, int64_t seq_len) {

@@ -1,8 +1,8 @@
 // Context parallelism (parallel.cp, parallel.cp_mla) on real mpirun ranks, against the same
 // training on one rank: input/tiny.ini with grouped-query attention (8 query heads, 4 key-value
-// heads) and input/tiny-v3.ini without its multi-token prediction module (MLA, MoE with a shared
-// expert), seq_len 32 cut into 2 × cp chunks, with data, pipeline, tensor and expert parallelism
-// beside, and checkpoints moved between layouts.
+// heads) and input/tiny-v3.ini (MLA, MoE with a shared expert, with and without its multi-token
+// prediction module), seq_len 32 cut into 2 × cp chunks, with data, pipeline, tensor and expert
+// parallelism beside, and checkpoints moved between layouts.
 #include <gtest/gtest.h>
 
 #include "e2e_util.h"
@@ -14,6 +14,7 @@ namespace {
 constexpr int kSteps = 6;
 const std::vector<std::string> kDenseLosses = {"loss", "grad_norm"};
 const std::vector<std::string> kV3Losses = {"loss", "balance_loss"};
+const std::vector<std::string> kMtpLosses = {"loss", "mtp_loss", "balance_loss"};
 
 RunOutput train_dense(int ranks, const std::string& dir, std::vector<std::string> extra) {
   extra.insert(extra.begin(), {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--model.num_heads",
@@ -25,6 +26,11 @@ RunOutput train_dense(int ranks, const std::string& dir, std::vector<std::string
 RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> extra) {
   extra.insert(extra.begin(), {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "0",
                                "--model.num_nextn_predict_layers", "0"});
+  return train_tiny_v3(ranks, dir, extra);
+}
+
+RunOutput train_v3_with_mtp(int ranks, const std::string& dir, std::vector<std::string> extra) {
+  extra.insert(extra.begin(), {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "0"});
   return train_tiny_v3(ranks, dir, extra);
 }
 
@@ -58,6 +64,19 @@ TEST(ContextParallel, DeepSeekV3LayoutsMatchOneRank) {
   EXPECT_NEAR(heads / latent, 80.0 / 20.0, 1e-9);
 }
 
+// The multi-token prediction module (an MoE layer) on the ring, its last position without a
+// target and unrouted: on cp 2 and cp 4 (chunks of 4 positions), with the embeddings carried
+// through a pipeline, with tensor and with expert parallelism, its loss and every parameter,
+// the balancing bias included, as on one rank.
+TEST(ContextParallel, MultiTokenPredictionMatchesOneRank) {
+  expect_layouts_match_one_rank(train_v3_with_mtp, "cp-mtp", kSteps, kMtpLosses,
+                                {{2, {"--parallel.cp", "2"}},
+                                 {4, {"--parallel.cp", "4"}},
+                                 {4, {"--parallel.cp", "2", "--parallel.pp", "2"}},
+                                 {4, {"--parallel.cp", "2", "--parallel.tp", "2"}},
+                                 {4, {"--parallel.cp", "2", "--parallel.ep", "2"}}});
+}
+
 // A checkpoint of cp 2 resumes on one rank and as cp 4 with the same losses.
 TEST(ContextParallel, CheckpointsResumeOnAnyLayout) {
   const std::string cp2 = scratch_dir("cp2-dense");
@@ -72,14 +91,20 @@ TEST(ContextParallel, CheckpointsResumeOnAnyLayout) {
   }
 }
 
-// A sequence that does not split into 2 × cp chunks, or multi-token prediction: exit code 2,
-// naming the option and the numbers.
+// A sequence that does not split into 2 × cp chunks, or whose chunks are shorter than the
+// multi-token prediction depths: exit code 2, naming the option and the numbers.
 TEST(ContextParallel, RefusesWhatItCannotSplit) {
   RunOutput run = train_dense(2, scratch_dir("cp-refused"), {"--parallel.cp", "2", "--train.seq_len", "30"});
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("parallel.cp"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("train.seq_len = 30 must split into 2 × cp = 4 chunks"), std::string::npos) << run.output;
-  run = train_tiny_v3(2, scratch_dir("cp-refused-mtp"), {"--train.device", "cpu", "--parallel.cp", "2"});
+  run = train_tiny_v3(4, scratch_dir("cp-refused-mtp"),
+                      {"--train.device", "cpu", "--parallel.cp", "4", "--train.seq_len", "8",
+                       "--model.num_nextn_predict_layers", "2"});
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("multi-token prediction"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("parallel.cp"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("train.seq_len / (2 × cp) = 1 positions must be at least "
+                            "model.num_nextn_predict_layers = 2"),
+            std::string::npos)
+      << run.output;
 }

@@ -289,4 +289,8 @@ TEST(ModelInfo, DeepSeekV3At128KTokensFitsWithContextParallelism) {
   EXPECT_GT(state + m["activations_by_recompute"]["none"].get<double>(), 80 * gb);
   const nlohmann::json wide = plan_of({"--parallel.cp", "128", "--train.recompute", "none"});
   EXPECT_LE(wide["memory_per_rank"]["total"].get<double>(), 80 * gb);
+  // With V3's multi-token prediction module trained on the ring too: more, and still within.
+  const nlohmann::json with_module = plan_of({"--model.num_nextn_predict_layers", "1"});
+  EXPECT_GT(with_module["memory_per_rank"]["total"].get<double>(), m["total"].get<double>());
+  EXPECT_LE(with_module["memory_per_rank"]["total"].get<double>(), 80 * gb);
 }

@@ -137,3 +137,29 @@ TEST(ContextParallel, EveryRankDoesTheSameAttentionWork) {
   EXPECT_EQ(all.item<int64_t>(), 2 * chunk * chunk * chunks * (chunks + 1) / 2);
   EXPECT_EQ(ring.group.bytes_passed(), (cp.size() - 1) * in.passed.nbytes());
 }
+
+// What multi-token prediction reads: each rank's positions `ahead` places on, taken across the
+// ends of its chunks from whichever rank holds the next one, zero past the sequence's end; the
+// gradient returns to the rank holding each row. Against shifting the whole sequence, in fp64,
+// with one position ahead and with a whole chunk ahead (every row from the next chunk).
+TEST(ContextParallel, PositionsAheadComeFromTheNextChunks) {
+  WorldRing ring;
+  ContextParallelGroup& cp = ring.group;
+  for (const int64_t ahead : {1, 3}) {
+    torch::manual_seed(13);  // the same whole sequence on every rank
+    const int64_t batch = 2, chunk = 3, seq = 2 * cp.size() * chunk, width = 4;
+    const torch::Tensor whole = torch::randn({batch, seq, width}, torch::kFloat64);
+    const torch::Tensor upstream = torch::randn({batch, seq, width}, torch::kFloat64);
+    auto zeros = [&](int64_t n) { return torch::zeros({batch, n, width}, torch::kFloat64); };
+    const torch::Tensor shifted = torch::cat({whole.narrow(1, ahead, seq - ahead), zeros(ahead)}, 1);
+    // d(Σ upstream · shifted)/d(whole): the upstream of the position `ahead` before.
+    const torch::Tensor gradient = torch::cat({zeros(ahead), upstream.narrow(1, 0, seq - ahead)}, 1);
+
+    const torch::Tensor mine = context_parallel_part(whole, cp, 1).requires_grad_();
+    const torch::Tensor out = context_parallel_ahead(mine, ahead, cp);
+    out.backward(context_parallel_part(upstream, cp, 1));
+    EXPECT_TRUE(torch::equal(out, context_parallel_part(shifted, cp, 1))) << "ahead " << ahead;
+    EXPECT_TRUE(torch::allclose(mine.grad(), context_parallel_part(gradient, cp, 1), 1e-15, 0)) << "ahead " << ahead;
+    EXPECT_EQ(context_parallel_tail(cp, ahead), cp.rank() == 0 ? ahead : 0);
+  }
+}

@@ -55,6 +55,18 @@ std::pair<int64_t, int64_t> context_chunks_of(int rank, int size);
 // This rank's two chunks of a whole sequence `x` (split along `dim` into 2 × size chunks), joined.
 torch::Tensor context_parallel_part(const torch::Tensor& x, const ContextParallelGroup& group, int64_t dim);
 
+// Of the last `count` positions of the whole sequence, how many this rank holds: all of them on
+// the rank holding the last chunk (they close its second chunk, so they are its last positions),
+// none elsewhere. `count` must not exceed a chunk's length.
+int64_t context_parallel_tail(const ContextParallelGroup& group, int64_t count);
+// This rank's positions `ahead` places further on: x [B, L, ...] holds this rank's two chunks
+// (n = L / 2 positions each), and the result's row of position p is x's row of position p + ahead,
+// taken from the next chunk's first rows where it passes a chunk's end (whichever rank holds it:
+// every chunk's first `ahead` rows are summed over the group, a collective), zero past the whole
+// sequence's end. Differentiable: each row's gradient returns to the rank that holds it. (What
+// multi-token prediction reads: the embedding of the token `ahead` places on.) ahead ≤ n.
+torch::Tensor context_parallel_ahead(const torch::Tensor& x, int64_t ahead, ContextParallelGroup& group);
+
 constexpr int64_t kRingScoreBlockElements = int64_t{1} << 24;  // 64 MiB of fp32 scores
 
 struct RingAttentionInputs {

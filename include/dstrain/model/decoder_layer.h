@@ -17,7 +17,9 @@ namespace dstrain {
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const ModelConfig& config, int64_t layer, const ComputeOptions& options = {});
+  // `unrouted_tail`: the MoE's (moe.h), for a multi-token prediction module under context parallelism.
+  DecoderLayerImpl(const ModelConfig& config, int64_t layer, const ComputeOptions& options = {},
+                   int64_t unrouted_tail = 0);
   // `pass`: its rerun inside the backward pass (full recomputation) repeats no side effect.
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, Pass pass = Pass::kFirst);
   // The same layer in cached decoding (the attention modules' forward_cached): x holds positions

@@ -75,8 +75,11 @@ torch::Tensor sequence_balance_loss(const Routing& routing, int64_t sequences, c
 class MoEImpl : public torch::nn::Module {
  public:
   // The routed experts it holds are its options' expert_exchange's shard (all of them, computed
-  // here, without one).
-  explicit MoEImpl(const ModelConfig& config, const ComputeOptions& options = {});
+  // here, without one). `unrouted_tail`: under context parallelism, the last positions of the
+  // whole sequence that have no target (a multi-token prediction module's, which runs on the whole
+  // sequence): not routed, so that they count in no expert's load nor in the balance loss; their
+  // output is zero.
+  explicit MoEImpl(const ModelConfig& config, const ComputeOptions& options = {}, int64_t unrouted_tail = 0);
   // x [B, S, hidden]. `pass`: a rerun inside the backward pass (full recomputation) counts nothing again.
   torch::Tensor forward(const torch::Tensor& x, Pass pass = Pass::kFirst);
 
@@ -103,6 +106,9 @@ class MoEImpl : public torch::nn::Module {
   void set_auxiliary_loss_gradient_factor(const torch::Tensor& factor) { aux_gradient_factor_ = factor; }
 
  private:
+  // The layer's output for x [B, S', hidden], this rank's routed positions of sequences that are
+  // `whole` positions long.
+  torch::Tensor forward_routed(const torch::Tensor& x, int64_t whole, Pass pass);
   // expert(row) for the (token, choice) rows `inputs`, sorted by expert (`counts` of each, on the
   // device), computed by the experts' holders (here, or across the exchange).
   torch::Tensor routed_experts(const torch::Tensor& inputs, const torch::Tensor& counts);
@@ -116,6 +122,7 @@ class MoEImpl : public torch::nn::Module {
   ModelConfig config_;
   TensorParallelRegion tp_;
   ContextParallelGroup* cp_;
+  int64_t unrouted_tail_;
   std::unique_ptr<ExpertExchange> local_exchange_;  // without one handed in
   ExpertExchange* exchange_;
   ExpertShard shard_;

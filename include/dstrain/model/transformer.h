@@ -39,9 +39,10 @@ class DecoderStackImpl : public torch::nn::Module {
   torch::Tensor embed(const torch::Tensor& ids) { return embed_tokens_(ids); }
   // The slice's layers on hidden states [B, S, H], then the final norm when the slice has the head.
   torch::Tensor forward_layers(torch::Tensor hidden);
-  // Multi-token prediction module `depth` (1 .. D) on the first n positions: h^depth from
-  // h^{depth-1} and the embeddings of the tokens `depth` places ahead (both [B, n, H]); and h^depth
-  // normalised for the LM head by the module's shared_head.norm. (The slice has the head.)
+  // Multi-token prediction module `depth` (1 .. D) on the first n positions (under context
+  // parallelism: on this rank's chunks): h^depth from h^{depth-1} and the embeddings of the tokens
+  // `depth` places ahead (both [B, n, H]); and h^depth normalised for the LM head by the module's
+  // shared_head.norm. (The slice has the head.)
   torch::Tensor predict_ahead(int64_t depth, const torch::Tensor& previous, const torch::Tensor& embedded);
   torch::Tensor mtp_head_input(int64_t depth, const torch::Tensor& hidden);
   // Cached decoding: `input` holds positions cache.length .. cache.length + n - 1; each layer
@@ -120,6 +121,15 @@ class CausalLMImpl : public torch::nn::Module {
   // tensor parallelism, `hidden` entering as `region` says: the full logits are never gathered).
   torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& targets,
                           const TensorParallelRegion& region);
+  // The mean of the multi-token prediction modules' losses, from the main model's normalised
+  // output `hidden` and the embeddings of the same positions (`seq` of them, whole over tp).
+  torch::Tensor multi_token_loss(torch::Tensor hidden, const torch::Tensor& embeddings, const torch::Tensor& tokens,
+                                 int64_t seq);
+  // Module `depth`'s loss under context parallelism, from its normalised output on this rank's
+  // chunks: the whole sequence's mean over the positions that have a target, as this rank's share
+  // (the cp ranks' losses are averaged).
+  torch::Tensor context_parallel_ahead_loss(int64_t depth, const torch::Tensor& head_input, const torch::Tensor& tokens,
+                                            const TensorParallelRegion& region);
 
   ModelConfig config_;
   LayerSlice slice_;

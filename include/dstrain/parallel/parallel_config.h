@@ -51,8 +51,8 @@ ParallelConfig read_parallel_config(Options& options, int world_size);
 // heads), the vocabulary, the dense MLPs' and the shared experts' widths, and under sequence
 // parallelism the sequence. Throws Error(kUsage) naming parallel.tp and the number.
 void check_tensor_parallelism(const ParallelConfig& parallel, const ModelConfig& model, int64_t seq_len);
-// parallel.cp against the model and train.seq_len: the sequence must split into 2 × cp chunks,
-// and the model have no multi-token prediction (not yet). Throws Error(kUsage) naming parallel.cp.
+// parallel.cp against the model and train.seq_len: the sequence must split into 2 × cp chunks, at
+// least as long as the multi-token prediction depths. Throws Error(kUsage) naming parallel.cp.
 void check_context_parallelism(const ParallelConfig& parallel, const ModelConfig& model, int64_t seq_len);
 // parallel.ep against the model: it must have routed experts, and ep must divide their number.
 void check_expert_parallelism(const ParallelConfig& parallel, int64_t routed_experts);
