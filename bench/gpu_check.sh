@@ -48,6 +48,12 @@ stage "bench step (1B, bf16)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results
 # What dstrain's own kernels gain: the 4 x 2 step again with LibTorch's operations instead.
 stage "bench step, LibTorch ops" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
   --train.cuda_kernels false --bench.json "$results/step_mb4_ga2_no_kernels.json"
+# Where the 1B step's GPU time goes, by model part and by kernel (issue: the step ahead of torch.compile),
+# and the same for the V2-Lite-shaped MoE step: tables and Chrome traces beside the log.
+stage "profile 1B step" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini --bench.steps 4 \
+  --bench.profile "$results/profile_1b"
+stage "profile MoE step" "$build/dstrain" bench step --config input/deepseek-v2-lite.ini --model.num_layers 3 \
+  --train.micro_batch 4 --train.grad_accum 1 --bench.steps 4 --bench.profile "$results/profile_moe"
 stage "bench step micro_batch 8" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
   --train.micro_batch 8 --train.grad_accum 1 --bench.json "$results/step_mb8.json"
 stage "pytorch eager micro_batch 8" python3 bench/pytorch_reference.py --config input/deepseek-llm-1b.ini \
@@ -70,5 +76,6 @@ stage "bench comm" "$build/dstrain" bench comm --bench.json "$results/comm.json"
 stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory.json"
 stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Skipped|^dstrain |^pytorch |tok/s" "$log" | tail -40
+head -24 "$results"/profile_1b.md "$results"/profile_moe.md 2>/dev/null
 cat "$results"/grouped_experts.txt "$results"/recompute_gpu.txt "$results"/pipeline_schedules_cpu.txt 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -15,6 +15,9 @@ OptionTable option_table() {
   t.add("bench.samples", OptionKind::kInt, "2000", "io: random samples of seq_len + 1 tokens to read");
   t.add("bench.ckpt_mb", OptionKind::kInt, "256", "io: megabytes of the checkpoint to write (under ckpt.dir)");
   t.add("bench.json", OptionKind::kString, "", "also write the results as JSON to this file (rank 0)");
+  t.add("bench.profile", OptionKind::kString, "",
+        "step: profile the first two timed steps (debug.profile): PREFIX.md, the time by model part and by kernel; "
+        "PREFIX.trace.json, a Chrome trace (the timed figures then include the profiler's cost)");
   return t;
 }
 

@@ -2,10 +2,12 @@
 // the model, the layout and the machine, not on a data set someone has to bring.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
 #include "bench.h"
+#include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
@@ -57,6 +59,15 @@ nlohmann::json step(Options o) {
   o.set("data.valid", "");
   o.set("train.steps", std::to_string(warmup + timed));
   o.set("log.interval", std::to_string(warmup));  // the first interval is the warm-up
+  if (!o.raw("bench.profile").empty()) {
+    const std::string prefix = o.raw("bench.profile"), dir = files::parent(prefix);
+    std::string why;
+    if (!files::can_write_in(dir.empty() ? "." : dir, &why))
+      throw config_error("bench.profile", prefix, "cannot write in " + (dir.empty() ? "." : dir) + " (" + why + ")");
+    o.set("debug.profile", prefix);
+    o.set("debug.profile_start", std::to_string(warmup + 1));
+    o.set("debug.profile_steps", std::to_string(std::min<int64_t>(2, timed)));
+  }
   // The learning-rate schedule changes no cost; a preset's long warm-up would not fit the steps.
   o.set("optim.warmup_steps", "0");
   o.set("optim.decay_steps", "0");

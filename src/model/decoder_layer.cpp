@@ -1,5 +1,7 @@
 #include "dstrain/model/decoder_layer.h"
 
+#include "dstrain/core/profile_scope.h"
+
 namespace dstrain {
 
 // The norm uses x twice (its square and the product); the gradients of the two are summed before
@@ -36,6 +38,7 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& input, const RopeTa
   const torch::Tensor x = input.view_as(input);
   return add_mlp(x + through_norm(input_layernorm_, x,
                                   [&](const torch::Tensor& normed) {
+                                    ProfileScope scope(profile_part::kAttention);
                                     return latent_attention_ ? latent_attention_(normed, rope)
                                                              : attention_(normed, rope);
                                   }),
@@ -64,6 +67,7 @@ AttentionCache DecoderLayerImpl::empty_cache(int64_t batch, int64_t capacity) co
 
 torch::Tensor DecoderLayerImpl::add_mlp(const torch::Tensor& h, Pass pass) {
   return h + through_norm(post_attention_layernorm_, h, [this, pass](const torch::Tensor& normed) {
+           ProfileScope scope(moe_ ? profile_part::kMoE : profile_part::kMlp);
            return moe_ ? moe_(normed, pass) : mlp_(normed);
          });
 }

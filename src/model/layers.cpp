@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dstrain/core/profile_scope.h"
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/model/causal_attention.h"
 #include "dstrain/model/context_parallel.h"
@@ -15,7 +16,10 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight_ = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return compat::rms_norm(x, weight_, eps_); }
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  ProfileScope scope(profile_part::kNorm);
+  return compat::rms_norm(x, weight_, eps_);
+}
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorParallelRegion tp) : tp_(tp) {
   // N(0, 1), as torch::nn::Embedding starts; initialize_parameters sets the model's own.
@@ -24,6 +28,7 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden, TensorPara
 }
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
+  ProfileScope scope(profile_part::kEmbedding);
   if (!tp_) return torch::embedding(weight, ids);
   const int64_t rows = weight.size(0);
   const torch::Tensor local = ids - tp_.group->rank() * rows;

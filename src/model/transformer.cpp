@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dstrain/core/profile_scope.h"
 #include "dstrain/core/random.h"
 #include "dstrain/core/text.h"
 #include "dstrain/model/context_parallel.h"
@@ -259,6 +260,7 @@ torch::Tensor CausalLMImpl::context_parallel_ahead_loss(int64_t depth, const tor
 
 torch::Tensor CausalLMImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& targets,
                                       const TensorParallelRegion& region) {
+  ProfileScope scope(profile_part::kLoss);
   if (!region) return linear_cross_entropy(hidden, lm_head_->weight, targets, 0, cuda_kernels_);
   // The head is column-parallel: its input enters as any split layer's does (the whole sequence).
   const torch::Tensor logits = torch::matmul(region.enter(hidden), lm_head_->weight.t());

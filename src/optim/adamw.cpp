@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dstrain/core/profile_scope.h"
 #include "dstrain/core/torch_compat.h"
 
 namespace dstrain {
@@ -55,6 +56,7 @@ void AdamW::load_masters() {
 
 void AdamW::step(double lr, const std::vector<torch::Tensor>& grads, const torch::Tensor& found_inf,
                  const torch::Tensor& grad_divisor) {
+  ProfileScope scope(profile_part::kOptimizer);
   torch::NoGradGuard no_grad;
   if (fused_) {
     fused_step(lr, grads, found_inf, grad_divisor);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dstrain/core/error.h"
+#include "dstrain/core/profile_scope.h"
 #include "dstrain/optim/quantized_reduction.h"
 
 namespace dstrain {
@@ -174,6 +175,7 @@ void GradientBuffer::launch(Bucket& bucket) {
 }
 
 void GradientBuffer::reduce() {
+  ProfileScope scope(profile_part::kCommunication);
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!reduction_.group || reduction_.group->size() == 1) {

@@ -75,6 +75,11 @@ void add_debug_options(OptionTable& t) {
   t.add("debug.forbid_host_sync", OptionKind::kBool, "false",
         "tests (CUDA): a training step in which a LibTorch operation makes the host wait for the GPU fails the run, "
         "with the operation's backtrace (save the one wait by design: MoE's per-expert batch sizes)");
+  t.add("debug.profile", OptionKind::kString, "",
+        "profile steps with LibTorch's profiler: PREFIX.md gets the time by model part and by kernel (GPU time on "
+        "GPUs, host self time on the CPU), PREFIX.trace.json a Chrome trace (ranks other than 0: PREFIX.rankR.*)");
+  t.add("debug.profile_start", OptionKind::kInt, "3", "the first step debug.profile profiles");
+  t.add("debug.profile_steps", OptionKind::kInt, "2", "how many steps debug.profile profiles");
 }
 
 void add_log_options(OptionTable& t) {
@@ -247,6 +252,9 @@ TrainConfig read_train_config(Options& o, int world_size) {
                                                                         {"hang", FailMode::kHang},
                                                                         {"nan", FailMode::kNan}});
   c.debug.forbid_host_sync = o.get_bool("debug.forbid_host_sync");
+  c.debug.profile.prefix = o.raw("debug.profile");
+  c.debug.profile.first_step = o.get_int("debug.profile_start", 1);
+  c.debug.profile.steps = o.get_int("debug.profile_steps", 1);
   return c;
 }
 

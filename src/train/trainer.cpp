@@ -30,6 +30,7 @@
 #include "dstrain/report/run_directory.h"
 #include "dstrain/train/report_fields.h"
 #include "dstrain/train/run_summary.h"
+#include "dstrain/train/step_profiler.h"
 #include "dstrain/train/run_plan.h"
 #include "dstrain/train/signals.h"
 #include "dstrain/train/stage_builder.h"
@@ -110,12 +111,14 @@ class Trainer {
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<StepReport> report_;
   accel::StepMemoryMeter step_memory_;
+  StepProfiler profiler_;  // debug.profile
 };
 
 Trainer::Trainer(Job& job, const std::string& config_text, const std::string& resume, const std::string& weights)
     : config_(job.config), parallel_(*job.parallel), placement_(job.placement), config_text_(config_text),
       train_data_(open_mixture(job.config.data.train, "data.train")),
-      guards_(job.config, *job.parallel, job.placement.device), step_memory_(job.placement.device) {
+      guards_(job.config, *job.parallel, job.placement.device), step_memory_(job.placement.device),
+      profiler_(job.config.debug.profile, job.parallel->world_rank(), job.placement.device) {
   const TrainConfig& c = config_;
   const torch::Device device = placement_.device;
   std::shared_ptr<const CorpusReader> valid;
@@ -305,7 +308,9 @@ TrainResult Trainer::run_steps() {
   ProgressLine progress(state_->start_step(), steps);
   for (int64_t step = state_->start_step() + 1; step <= steps; ++step) {
     guards_.inject_fault(step);
+    profiler_.before_step(step);
     const StepResult tensors = train_step_checked(step);
+    profiler_.after_step(step);
     report_->add(tensors);
     progress.step_done(step, static_cast<double>(tensors.samples * config_.loop.seq_len));
     if (report_->due(step)) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "dstrain/core/files.h"
@@ -70,6 +72,34 @@ TEST(Bench, StepTrainsOnRandomTokensAndReportsItsFigures) {
   EXPECT_NE(run.output.find("peak memory"), std::string::npos) << run.output;
   // Its run directory is temporary, gone when it ends: not pointed to.
   EXPECT_EQ(run.output.find("metrics: "), std::string::npos) << run.output;
+}
+
+// bench step --bench.profile on 2 ranks on the CPU: each rank writes its table and its Chrome
+// trace; the table has the step's model parts (the MLP, the attention, the norms, the loss, the
+// optimizer, the gradients' reduction) and their shares add up to the whole.
+TEST(Bench, StepProfileAttributesTheStepToTheModelsParts) {
+  const std::string dir = scratch_dir("bench-profile");
+  RunOutput run = run_dstrain(2, {"bench", "step", "--config", std::string(DSTRAIN_SOURCE_DIR) + "/input/tiny.ini",
+                                  "--train.device", "cpu", "--bench.warmup", "1", "--bench.steps", "2",
+                                  "--bench.profile", dir + "/profile"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("profile of steps 2 to 3"), std::string::npos) << run.output;
+  for (const std::string& prefix : {dir + "/profile", dir + "/profile.rank1"}) {
+    std::ifstream in(prefix + ".md");
+    const std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    double shares = 0;
+    for (const std::string part : {"mlp", "attention", "norm", "loss", "optimizer", "communication", "embedding"}) {
+      const size_t row = table.find("| " + part + " | ");
+      ASSERT_NE(row, std::string::npos) << part << " in " << table;
+      const size_t share = table.find(" | ", row + part.size() + 4) + 3;
+      shares += std::stod(table.substr(share));
+    }
+    const size_t other = table.find("| other | ");
+    if (other != std::string::npos) shares += std::stod(table.substr(table.find(" | ", other + 9) + 3));
+    EXPECT_NEAR(shares, 100.0, 0.5) << table;
+    const nlohmann::json trace = read_json(prefix + ".trace.json");
+    EXPECT_GT(trace["traceEvents"].size(), 100u);
+  }
 }
 
 // bench comm on 2 and 4 ranks on the CPU: each collective at each size, all-to-all among them, its

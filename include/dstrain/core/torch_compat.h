@@ -9,6 +9,7 @@
 #include <torch/version.h>
 #endif
 
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -149,6 +150,27 @@ inline void fused_adamw(const std::vector<torch::Tensor>& params, const std::vec
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1;
   (void)beta2, (void)weight_decay, (void)eps, (void)grad_divisor, (void)found_inf;
   throw std::logic_error("fused AdamW needs LibTorch 2.x");
+#endif
+}
+
+// A profiled event's (torch::autograd::profiler::KinetoEvent's) start and duration in
+// microseconds: LibTorch 2.x counts nanoseconds. (A template, so that this header need not
+// include the profiler's.)
+template <typename ProfiledEvent>
+uint64_t profiled_start_us(const ProfiledEvent& event) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
+  return event.startNs() / 1000;
+#else
+  return event.startUs();
+#endif
+}
+
+template <typename ProfiledEvent>
+uint64_t profiled_duration_us(const ProfiledEvent& event) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 1)
+  return event.durationNs() / 1000;
+#else
+  return event.durationUs();
 #endif
 }
 

@@ -16,6 +16,7 @@
 #include "dstrain/optim/optim_config.h"
 #include "dstrain/parallel/device.h"
 #include "dstrain/pipeline/pipeline_config.h"
+#include "dstrain/train/step_profiler_config.h"
 
 namespace dstrain {
 
@@ -67,6 +68,7 @@ struct DebugConfig {
   int fail_rank = 0;
   FailMode fail_mode = FailMode::kKill;
   bool forbid_host_sync = false;  // accel::HostSyncForbidden around each training step
+  StepProfilerConfig profile;
 };
 
 struct LogConfig {
