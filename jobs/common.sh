@@ -123,7 +123,8 @@ dstrain_train() {
   trap - USR1
   set -e
   if [[ $rc -eq 0 && ! -f $DSTRAIN_EXIT_FILE ]]; then
-    echo "dstrain: srun exited 0 but dstrain did not end on its own (its tasks failed to launch?): treated as a failed node" >&2
+    echo "dstrain: srun exited 0 but dstrain did not end on its own (its tasks failed to launch?):" \
+      "treated as a failed node" >&2
     rc=5
   fi
   rm -f "$DSTRAIN_EXIT_FILE"

@@ -246,7 +246,8 @@ torch::Tensor CausalLMImpl::multi_token_loss(torch::Tensor hidden, const torch::
 }
 
 torch::Tensor CausalLMImpl::context_parallel_ahead_loss(int64_t depth, const torch::Tensor& head_input,
-                                                        const torch::Tensor& tokens, const TensorParallelRegion& region) {
+                                                        const torch::Tensor& tokens,
+                                                        const TensorParallelRegion& region) {
   const int64_t held = head_input.size(1), whole = held * cp_->size(), predicted = whole - depth;
   // Position i's target is t_{i+depth+1}; the last `depth` positions have none (any token stands
   // in for it until they are cut off, on the rank that holds them).

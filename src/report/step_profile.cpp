@@ -45,8 +45,7 @@ HostAttribution attribute_host_events(const std::vector<ProfiledEvent>& events) 
     const ProfiledEvent& e = events[i];
     std::vector<size_t>& around = open[e.thread];
     while (!around.empty() && end_of(around.back()) < end_of(i)) around.pop_back();
-    const std::string inherited = around.empty() ? kOtherPart : a.part[around.back()];
-    std::string part = inherited;
+    std::string part = around.empty() ? kOtherPart : a.part[around.back()];  // the part around it, unless
     if (is_part_label(e.name)) {
       part = e.name.substr(std::strlen(kProfilePartPrefix));
     } else if (e.forward_thread != 0 && e.sequence >= 0) {  // a backward node: its forward operation's part

@@ -101,8 +101,9 @@ void StepProfiler::write_profile() {
     log::warning("debug.profile: could not write ", table_path, " or ", trace_path);
     return;
   }
-  if (world_rank_ == 0) log::info("profile of steps ", config_.first_step, " to ", config_.first_step + config_.steps - 1,
-                                  " (", table_path, ", trace ", trace_path, "):\n", table);
+  if (world_rank_ == 0)
+    log::info("profile of steps ", config_.first_step, " to ", config_.first_step + config_.steps - 1, " (",
+              table_path, ", trace ", trace_path, "):\n", table);
 }
 
 }  // namespace dstrain

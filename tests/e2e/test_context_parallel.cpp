@@ -30,7 +30,8 @@ RunOutput train_v3(int ranks, const std::string& dir, std::vector<std::string> e
 }
 
 RunOutput train_v3_with_mtp(int ranks, const std::string& dir, std::vector<std::string> extra) {
-  extra.insert(extra.begin(), {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "0"});
+  extra.insert(extra.begin(),
+               {"--train.device", "cpu", "--train.steps", std::to_string(kSteps), "--ckpt.interval", "0"});
   return train_tiny_v3(ranks, dir, extra);
 }
 

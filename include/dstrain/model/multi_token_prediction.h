@@ -10,9 +10,9 @@
 // LM head shared, and a whole decoder layer of its own. Under context parallelism the module runs
 // on the whole sequence instead, each rank on its chunks (as Megatron-LM's does): its layer
 // attends over the ring, positions S-k .. S-1 get no target, and its MoE routes none of them, so
-// that the causal layer computes the same for every other position. Its names are DeepSeek-V3's Hugging Face
-// ones: module k lives at model.layers.{num_hidden_layers + k - 1} (enorm, hnorm, eh_proj,
-// shared_head.norm, and the decoder layer's self_attn, mlp, input_layernorm,
+// that the causal layer computes the same for every other position. Its names are DeepSeek-V3's
+// Hugging Face ones: module k lives at model.layers.{num_hidden_layers + k - 1} (enorm, hnorm,
+// eh_proj, shared_head.norm, and the decoder layer's self_attn, mlp, input_layernorm,
 // post_attention_layernorm), so that the checkpoints of both name the same tensors. (The
 // concatenation puts the embedding first, as those weights expect.)
 #pragma once
