@@ -7,7 +7,6 @@
 #include <random>
 
 #include "bench.h"
-#include "dstrain/core/error.h"
 #include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/data/corpus.h"
@@ -18,6 +17,7 @@
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/recompute.h"
+#include "dstrain/train/step_profiler.h"
 #include "dstrain/train/trainer.h"
 
 namespace dstrain::bench {
@@ -60,10 +60,8 @@ nlohmann::json step(Options o) {
   o.set("train.steps", std::to_string(warmup + timed));
   o.set("log.interval", std::to_string(warmup));  // the first interval is the warm-up
   if (!o.raw("bench.profile").empty()) {
-    const std::string prefix = o.raw("bench.profile"), dir = files::parent(prefix);
-    std::string why;
-    if (!files::can_write_in(dir.empty() ? "." : dir, &why))
-      throw config_error("bench.profile", prefix, "cannot write in " + (dir.empty() ? "." : dir) + " (" + why + ")");
+    const std::string prefix = o.raw("bench.profile");
+    check_profile_prefix("bench.profile", prefix);  // named as the user gave it
     o.set("debug.profile", prefix);
     o.set("debug.profile_start", std::to_string(warmup + 1));
     o.set("debug.profile_steps", std::to_string(std::min<int64_t>(2, timed)));

@@ -10,6 +10,7 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
+#include "dstrain/core/files.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/report/step_profile.h"
@@ -57,17 +58,16 @@ ProfiledEvent profiled(const profiler::KinetoEvent& e) {
 
 }  // namespace
 
+void check_profile_prefix(const std::string& option, const std::string& prefix) {
+  const std::string dir = files::parent(prefix).empty() ? "." : files::parent(prefix);
+  std::string why;
+  if (!files::can_write_in(dir, &why)) throw config_error(option, prefix, "cannot write in " + dir + " (" + why + ")");
+}
+
 StepProfiler::StepProfiler(StepProfilerConfig config, int world_rank, const torch::Device& device)
     : config_(std::move(config)), world_rank_(world_rank), device_(device) {
   if (config_.prefix.empty()) return;
-  if (config_.first_step < 1 || config_.steps < 1)
-    throw config_error("debug.profile_steps", std::to_string(config_.steps),
-                       "the profile needs a first step (debug.profile_start = " + std::to_string(config_.first_step) +
-                           ") and a number of steps of at least 1");
-  // Found out now, not after the steps it was to profile.
-  const std::string table = profile_path(config_.prefix, world_rank_, ".md");
-  if (!write_file(table, "(the profile of steps " + std::to_string(config_.first_step) + " on comes here)\n"))
-    throw config_error("debug.profile", config_.prefix, "cannot write " + table);
+  check_profile_prefix("debug.profile", config_.prefix);  // found out now, not after the steps it was to profile
   profiler::prepareProfiler(ProfilerConfig(ProfilerState::KINETO), activities(device_.is_cuda()));
 }
 

@@ -6,11 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "dstrain/core/torch_api.h"
 #include "dstrain/train/step_profiler_config.h"
 
 namespace dstrain {
+
+// Throws Error(kUsage) naming `option` (= prefix) when the profile's files cannot be written there.
+void check_profile_prefix(const std::string& option, const std::string& prefix);
 
 class StepProfiler {
  public:
