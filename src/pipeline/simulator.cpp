@@ -107,18 +107,30 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
           progress = true;
         }
         // Complete when every transfer of the group has its other end posted; where sends do not
-        // wait (send_async), when every receive has its send posted, matched by its tag.
+        // wait (send_async), when every receive has its send posted: the send at the same place
+        // among its channel's (same_channel), which must be the same transfer.
         double done = clock[s];
         bool complete = true;
         for (const Pending& p : waiting[s]) {
           if (schedule.sends_without_waiting()) {
             if (p.is_send) continue;
-            const TransferId& id = received[p.pair][p.index].id;
-            const auto& posted_sends = sent[p.pair];
-            auto match = std::find_if(posted_sends.begin(), posted_sends.end(), [&](const Posted& x) { return x.id == id; });
-            if (match == posted_sends.end()) {
+            const auto& receives = received[p.pair];
+            const TransferId& id = receives[p.index].id;
+            auto in_channel = [&](const Posted& x) { return same_channel(x.id, id); };
+            const auto place = std::count_if(receives.begin(), receives.begin() + p.index, in_channel);
+            const std::deque<Posted>& sends = sent[p.pair];
+            auto match = std::find_if(sends.begin(), sends.end(), in_channel);
+            for (auto n = place; match != sends.end() && n > 0; --n) match = std::find_if(match + 1, sends.end(), in_channel);
+            if (match == sends.end()) {
               complete = false;
               break;
+            }
+            if (!(match->id == id)) {
+              result.deadlock = true;
+              result.problem = "stage " + std::to_string(s) + ": " + describe(actions[next[s]]) +
+                               " is posted in another order than stage " + std::to_string(p.pair.first) +
+                               " sends its channel's transfers";
+              return result;
             }
             done = std::max(done, match->time);
             continue;

@@ -68,6 +68,23 @@ TEST(ZeroBubbleSchedules, EveryActionOnceInOrderAndNoDeadlock) {
   }
 }
 
+// Where sends do not wait, each channel's receives must come in the order its sends go, for NCCL,
+// which has no tags, to match them: a stage that posts two activations' receives the other way
+// round is reported.
+TEST(ZeroBubbleSchedules, ReceivesOutOfTheirChannelsOrderAreReported) {
+  Schedule s = make_schedule(ScheduleKind::kZbH1, 2, 1, 2);
+  ASSERT_FALSE(simulate(s, per_chunk(s, 1, 1, 1)).deadlock);
+  std::vector<Action*> receives;
+  for (Action& a : s.stages[1])
+    if (a.kind == ActionKind::kRecvActivation) receives.push_back(&a);
+  ASSERT_EQ(receives.size(), 2u);
+  std::swap(receives[0]->microbatch, receives[1]->microbatch);
+  const SimulationResult r = simulate(s, per_chunk(s, 1, 1, 1));
+  EXPECT_TRUE(r.deadlock);
+  EXPECT_EQ(r.problem, "stage 1: receive activation of micro-batch 1, chunk 0, peer stage 0 is posted in another "
+                       "order than stage 0 sends its channel's transfers");
+}
+
 // ZB-H1: (p − 1)(F + B − W) idle against 1F1B's (p − 1)(F + B + W), where W ≤ F and W ≤ B (the
 // paper's assumption), for 1F1B's peak memory: p micro-batches on every stage.
 TEST(ZeroBubbleSchedules, ZbH1BubbleIsThePapersFormula) {

@@ -87,7 +87,9 @@ class Communicator {
   // Starts sending `tensor` (kept until the send completes) and returns at once: the sender goes
   // on computing whether or not the receiver has posted its receive yet, which the zero-bubble
   // schedules need. The receiver's exchange matches it by tag. The MPI backend only: NCCL queues a
-  // send on the stream its receives wait on, where it would block them (Error kUsage).
+  // send on the stream its receives wait on, where it would block them (Error kUsage). Posting the
+  // sends with the next group's receives instead deadlocks ZB-V and DualPipeV (the simulator finds
+  // it); what works is a stream and communicator per channel (schedule.h's same_channel).
   virtual std::unique_ptr<Work> send_async(const torch::Tensor& tensor, int peer, int tag) = 0;
   virtual void barrier() = 0;
   // Waits until every operation issued so far has completed. A backend that queues work on the

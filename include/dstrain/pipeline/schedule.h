@@ -99,6 +99,12 @@ struct TransferId {
   }
 };
 TransferId transfer_id(const Schedule& schedule, int stage, const Action& transfer);
+// Transfers of one channel (activations or gradients, from one virtual stage: one direction) are
+// posted in the same order at both ends in every schedule. A backend without tags (NCCL) can match
+// them in posting order per channel even where the sends do not wait for their receivers.
+inline bool same_channel(const TransferId& a, const TransferId& b) {
+  return a.activation == b.activation && a.from_virtual_stage == b.from_virtual_stage;
+}
 // The same number at both ends (an MPI tag: 0 .. 32767).
 int transfer_tag(const Schedule& schedule, const TransferId& id);
 

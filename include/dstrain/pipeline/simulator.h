@@ -1,7 +1,8 @@
 // Runs a schedule on paper: each stage works through its actions, computes take the given time,
 // transfer groups complete when their peers have posted the matching transfers (in the order the
-// peers post them, as NCCL matches them; by tag where sends do not wait for their receivers). Reports deadlocks, idle time, the bubble and how many
-// micro-batches' activations each stage keeps alive at once.
+// peers post them, as NCCL matches them; where sends do not wait for their receivers, in the order
+// of each channel, as schedule.h's same_channel promises). Reports deadlocks, idle time, the bubble
+// and how many micro-batches' activations each stage keeps alive at once.
 #pragma once
 
 #include <string>
