@@ -133,12 +133,6 @@ class HostView {
   torch::Tensor tensor_, host_;
 };
 
-std::string seconds_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g s", seconds);
-  return text;
-}
-
 }  // namespace
 
 void throw_mpi_error(int status, const char* call, const char* file, int line) {
@@ -154,16 +148,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : comm_(comm),
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  // The world ranks of the members, for messages that name a peer.
-  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  MPI_CHECK(MPI_Comm_group(comm_, &group));
-  MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
-  std::vector<int> mine(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) mine[r] = r;
-  world_ranks_.resize(static_cast<size_t>(size_));
-  MPI_CHECK(MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data()));
-  MPI_CHECK(MPI_Group_free(&group));
-  MPI_CHECK(MPI_Group_free(&world));
+  world_ranks_ = peer_health::world_ranks_of(comm_);  // for messages that name a peer
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -174,19 +159,10 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 Error MpiCommunicator::timeout_error(const std::string& what) const {
-  const std::string timed_out = what + " did not finish within comm.timeout_s = " + seconds_text(timeout_s_);
-  // The silent member first: the line a user reads should name the rank that stopped, not this one.
-  const std::string silent = peer_health::silent_ranks(world_ranks_, std::clamp(timeout_s_ / 10, 2.0, 30.0));
-  if (silent.empty()) return comm_error(timed_out + ": a peer rank has died or hangs");
-  return comm_error(silent + ". This rank's " + timed_out);
+  return comm_error(peer_health::timed_out(what, world_ranks_, timeout_s_));
 }
 
-std::string MpiCommunicator::describe_group() const {
-  std::string ranks;
-  for (size_t i = 0; i < world_ranks_.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(world_ranks_[i]);
-  if (world_ranks_.size() > 8) ranks += ",...";
-  return std::to_string(size_) + " ranks (world ranks " + ranks + ")";
-}
+std::string MpiCommunicator::describe_group() const { return peer_health::describe_group(world_ranks_); }
 
 void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::function<std::string()>& what) {
   wait_until(

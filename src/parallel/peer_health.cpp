@@ -3,7 +3,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -70,6 +72,7 @@ void start() {
   this_host().copy(mine, sizeof mine - 1);
   std::vector<char> all(sizeof mine * static_cast<size_t>(size));
   MPI_CHECK(MPI_Allgather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR, s.comm));
+  s.hosts.clear();  // (a second start, after a stop)
   for (int r = 0; r < size; ++r) s.hosts.emplace_back(all.data() + r * sizeof mine);
 }
 
@@ -144,6 +147,37 @@ std::string silent_ranks(const std::vector<int>& group, double grace_s) {
   if (silent.empty()) return "";
   return silent + " did not answer within " + std::to_string(static_cast<int>(grace_s)) +
          " s: stopped, hung outside communication, or dead" + others;
+}
+
+std::string timed_out(const std::string& what, const std::vector<int>& group, double timeout_s) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g s", timeout_s);
+  const std::string late = what + " did not finish within comm.timeout_s = " + seconds;
+  // The silent member first: the line a user reads should name the rank that stopped, not this one.
+  const std::string silent = silent_ranks(group, std::clamp(timeout_s / 10, 2.0, 30.0));
+  if (silent.empty()) return late + ": a peer rank has died or hangs";
+  return silent + ". This rank's " + late;
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 1;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_CHECK(MPI_Comm_group(comm, &group));
+  MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine(static_cast<size_t>(size)), world_ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) mine[static_cast<size_t>(r)] = r;
+  MPI_CHECK(MPI_Group_translate_ranks(group, size, mine.data(), world, world_ranks.data()));
+  MPI_CHECK(MPI_Group_free(&group));
+  MPI_CHECK(MPI_Group_free(&world));
+  return world_ranks;
+}
+
+std::string describe_group(const std::vector<int>& world_ranks) {
+  std::string ranks;
+  for (size_t i = 0; i < world_ranks.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(world_ranks[i]);
+  if (world_ranks.size() > 8) ranks += ",...";
+  return std::to_string(world_ranks.size()) + " ranks (world ranks " + ranks + ")";
 }
 
 }  // namespace dstrain::peer_health

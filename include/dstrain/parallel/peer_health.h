@@ -6,6 +6,8 @@
 // others said. Safe from any thread: each answers with what it waits for itself.
 #pragma once
 
+#include <mpi.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,5 +42,16 @@ void answer();
 // with what the members of `group` (world ranks, at most 8 of them) said, or "" when every rank
 // answered.
 std::string silent_ranks(const std::vector<int>& group, double grace_s);
+
+// What a wait that timed out reports, whichever backend waited: the silent ranks first
+// (silent_ranks, granting a tenth of the timeout, 2 to 30 s), then "This rank's <what> did not
+// finish within comm.timeout_s = <t> s"; or, when every rank answered, "<what> did not finish
+// within comm.timeout_s = <t> s: a peer rank has died or hangs".
+std::string timed_out(const std::string& what, const std::vector<int>& group, double timeout_s);
+
+// The world ranks of `comm`'s members, in its rank order: the `group` of the functions above.
+std::vector<int> world_ranks_of(MPI_Comm comm);
+// "4 ranks (world ranks 0,1,2,3)", with at most 8 named.
+std::string describe_group(const std::vector<int>& world_ranks);
 
 }  // namespace dstrain::peer_health

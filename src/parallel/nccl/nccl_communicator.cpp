@@ -8,9 +8,6 @@
 #include <nccl.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -18,9 +15,9 @@
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
-#include "dstrain/core/log.h"
 #include "dstrain/parallel/mpi_check.h"
 #include "dstrain/parallel/peer_health.h"
+#include "dstrain/parallel/stall_watchdog.h"
 
 namespace dstrain {
 namespace {
@@ -73,12 +70,6 @@ class NcclWork final : public Work {
   torch::Device device_;
 };
 
-std::string seconds_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", seconds);
-  return text;
-}
-
 // The id travels with whether the group's first rank could make one, so that a failure there
 // does not leave the others waiting inside ncclCommInitRank for a peer that never comes.
 struct UniqueIdMessage {
@@ -97,13 +88,20 @@ class NcclCommunicator final : public Communicator {
       MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
       MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
       MPI_CHECK(MPI_Comm_size(mpi_, &size_));
+      world_ranks_ = peer_health::world_ranks_of(mpi_);
     } catch (...) {
       MPI_Comm_free(&mpi_);  // status ignored: already failing
       throw;
     }
+    what_ = "an NCCL operation on " + peer_health::describe_group(world_ranks_);
     // Creation is collective and blocks until every rank of the group has joined: the watchdog
     // (which finds mutex_ held meanwhile) ends the process if a peer never comes.
-    watchdog_ = std::thread([this] { watch(); });
+    // A new thread's CUDA calls go to GPU 0: without on_start, the watchdog's event queries would
+    // open a context there (~0.5 GiB) for every rank of the node, and fail where GPUs are in
+    // exclusive-process mode.
+    watchdog_ = std::make_unique<StallWatchdog>(StallWatch{what_, world_ranks_, timeout_s_, [this] { return look(); },
+                                                           [this] { accel::set_current_device(device_.index()); },
+                                                           nullptr});
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       c10::cuda::CUDAGuard guard(device_);
@@ -128,7 +126,7 @@ class NcclCommunicator final : public Communicator {
       NCCL_CHECK(ncclCommInitRank(&comm_, size_, message.id, rank_));
 #endif
     } catch (...) {
-      stop_watchdog();
+      watchdog_.reset();
       MPI_Comm_free(&mpi_);  // status ignored: already failing
       throw;
     }
@@ -146,7 +144,7 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
       }
     }
-    stop_watchdog();
+    watchdog_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&mpi_);
@@ -296,6 +294,8 @@ class NcclCommunicator final : public Communicator {
   void synchronize() override {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
+    const std::function<std::string()> waiting_for = [this] { return what_; };
+    const peer_health::Waiting waiting(waiting_for);  // what a rank that asks is told
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -304,11 +304,13 @@ class NcclCommunicator final : public Communicator {
         peer_health::answer();  // MPI ranks asking who still answers (peer_health.h)
         if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
           abort();
-          throw comm_error(timeout_message() + "; the communicator was aborted");
+          break;
         }
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    // Named after the communicator is let go: the ranks asked may take seconds to answer.
+    throw comm_error(peer_health::timed_out(what_, world_ranks_, timeout_s_) + "; the communicator was aborted");
   }
 
  private:
@@ -376,66 +378,24 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
 
-  void stop_watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      stopping_ = true;
-    }
-    watch_wake_.notify_all();
-    watchdog_.join();
-  }
-
-  std::string timeout_message() const {
-    return "NCCL: an operation on " + std::to_string(size_) + " ranks did not finish within comm.timeout_s = " +
-           seconds_text(timeout_s_) + " s (a peer rank died or hangs)";
-  }
-
-  // A hung operation stops the host only when it next waits for the GPU, and that may be inside
-  // any CUDA call (a kernel launch on a full queue, the caching allocator), never reaching
-  // synchronize(). This thread watches from outside, as PyTorch's NCCL watchdog does: an
-  // operation still unfinished comm.timeout_s after the last one was queued, an asynchronous
-  // NCCL error, or a queueing call that has held the communicator that long ends the process
-  // with exit code 5 after saying why; the launcher then ends the other ranks.
-  void watch() {
-    using Clock = std::chrono::steady_clock;
-    // A new thread's CUDA calls go to GPU 0: without this, the event query below would open a
-    // context there (~0.5 GiB) for every rank of the node, and fail where GPUs are in
-    // exclusive-process mode.
+  // How the communicator stands, for the watchdog (stall_watchdog.h), which must not block on it.
+  CommunicatorState look() {
+    using Kind = CommunicatorState::Kind;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return {Kind::kBusy, {}, ""};
+    if (!comm_) return {};  // aborted: the thread that aborted it reports
+    bool unfinished = false;
     try {
-      accel::set_current_device(device_.index());
-    } catch (const std::exception& e) {
-      log::error("NCCL watchdog: ", e.what(), "; ending this rank (exit code 5)");
-      std::_Exit(static_cast<int>(ExitCode::kCommunication));
+      unfinished = !last_done_.query();
+    } catch (const std::exception&) {
+      return {};  // a CUDA error: the computing thread meets it too, and reports it better
     }
-    Clock::time_point busy_since{};  // when the watchdog first found mutex_ held, if it is
-    std::unique_lock<std::mutex> watch_lock(watch_mutex_);
-    while (!watch_wake_.wait_for(watch_lock, std::chrono::milliseconds(500), [this] { return stopping_; })) {
-      std::string failure;
-      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-      const Clock::time_point now = Clock::now();
-      if (!lock.owns_lock()) {
-        if (busy_since == Clock::time_point{}) busy_since = now;
-        if (std::chrono::duration<double>(now - busy_since).count() > timeout_s_) failure = timeout_message();
-      } else {
-        busy_since = {};
-        if (!comm_) continue;  // aborted: the thread that aborted it reports
-        ncclResult_t async = ncclSuccess;
-        bool unfinished = false;
-        try {
-          unfinished = !last_done_.query();
-        } catch (const std::exception&) {
-          continue;  // a CUDA error: the computing thread meets it too, and reports it better
-        }
-        if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess || async != ncclSuccess)
-          failure = std::string("NCCL: asynchronous error: ") + ncclGetErrorString(async) + " (" +
-                    ncclGetLastError(comm_) + ")";
-        else if (unfinished && std::chrono::duration<double>(now - last_enqueued_).count() > timeout_s_)
-          failure = timeout_message();
-      }
-      if (failure.empty()) continue;
-      log::error(failure, "; ending this rank (exit code 5)");
-      std::_Exit(static_cast<int>(ExitCode::kCommunication));
-    }
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess || async != ncclSuccess)
+      return {Kind::kFailed, {}, std::string("NCCL: asynchronous error: ") + ncclGetErrorString(async) + " (" +
+                                     ncclGetLastError(comm_) + ")"};
+    if (unfinished) return {Kind::kUnfinished, last_enqueued_, ""};
+    return {};
   }
 
   void require_on_device(const torch::Tensor& t, const char* what) const {
@@ -453,10 +413,9 @@ class NcclCommunicator final : public Communicator {
   MPI_Comm mpi_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
-  std::mutex watch_mutex_;
-  std::condition_variable watch_wake_;
-  bool stopping_ = false;
-  std::thread watchdog_;
+  std::vector<int> world_ranks_;  // of the members, for messages that name a peer
+  std::string what_;              // "an NCCL operation on 4 ranks (world ranks 0,1,2,3)"
+  std::unique_ptr<StallWatchdog> watchdog_;  // last: stopped before the members above go
 };
 
 }  // namespace
