@@ -61,10 +61,9 @@ void StallWatchdog::run() {
     if (watch_.on_start) watch_.on_start();
     ask_peers = mpi_from_any_thread();
   } catch (const std::exception& e) {
-    watch_.end("watchdog of " + watch_.what + ": " + e.what());
+    watch_.end("watchdog of " + watch_.what() + ": " + e.what());
     return;
   }
-  const std::function<std::string()> waiting_for = [this] { return watch_.what; };
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -77,7 +76,7 @@ void StallWatchdog::run() {
     // silent and is named.
     std::optional<peer_health::Waiting> waiting;
     if (state.kind != CommunicatorState::Kind::kIdle) {
-      waiting.emplace(waiting_for);
+      waiting.emplace(watch_.what);
       if (ask_peers) peer_health::answer();
     }
     const Verdict verdict_now = verdict(state, std::chrono::steady_clock::now());
@@ -107,8 +106,8 @@ StallWatchdog::Verdict StallWatchdog::verdict(const CommunicatorState& state,
 
 // Without MPI from this thread no rank can be asked, and none is named.
 std::string StallWatchdog::late_message(bool ask_peers) const {
-  if (ask_peers) return peer_health::timed_out(watch_.what, watch_.world_ranks, watch_.timeout_s);
-  return watch_.what + " did not finish within comm.timeout_s = " + seconds_text(watch_.timeout_s) +
+  if (ask_peers) return peer_health::timed_out(watch_.what(), watch_.world_ranks, watch_.timeout_s);
+  return watch_.what() + " did not finish within comm.timeout_s = " + seconds_text(watch_.timeout_s) +
          ": a peer rank has died or hangs";
 }
 

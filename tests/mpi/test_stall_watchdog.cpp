@@ -40,7 +40,7 @@ TEST(StallWatchdog, NamesTheRankThatStoppedAnsweringFirst) {
   const std::vector<int> world = peer_health::world_ranks_of(MPI_COMM_WORLD);
   const std::string what = "an operation on " + peer_health::describe_group(world);
   auto watch = [&](std::chrono::steady_clock::time_point queued, std::promise<std::string>& ended) {
-    return StallWatch{what, world, 1.0,
+    return StallWatch{[what] { return what; }, world, 1.0,
                       [queued] { return CommunicatorState{CommunicatorState::Kind::kUnfinished, queued, ""}; },
                       nullptr, [&ended](const std::string& reason) { ended.set_value(reason); }};
   };
@@ -73,7 +73,7 @@ TEST(StallWatchdog, NamesTheRankThatStoppedAnsweringFirst) {
     MPI_Barrier(MPI_COMM_WORLD);
   } else {
     // Hung in its own code, its communicator idle: its watchdog must not answer for it.
-    const StallWatchdog idle(StallWatch{what, world, 1.0, [] { return CommunicatorState{}; }, nullptr,
+    const StallWatchdog idle(StallWatch{[what] { return what; }, world, 1.0, [] { return CommunicatorState{}; }, nullptr,
                                         [&ended](const std::string& reason) { ended.set_value(reason); }});
     MPI_Barrier(MPI_COMM_WORLD);  // a plain MPI wait answers nobody
     peer_health::answer();        // the pings it took no notice of
@@ -89,7 +89,7 @@ TEST(StallWatchdog, ReportsAnAsynchronousErrorAndNothingWhileIdle) {
   bool failing = false;
   std::mutex mutex;
   {
-    StallWatchdog watchdog(StallWatch{"an operation", {0}, 1.0,
+    StallWatchdog watchdog(StallWatch{[] { return std::string("an operation"); }, {0}, 1.0,
                                       [&] {
                                         std::lock_guard<std::mutex> lock(mutex);
                                         if (!failing) return CommunicatorState{};

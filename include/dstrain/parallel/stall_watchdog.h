@@ -32,7 +32,9 @@ struct CommunicatorState {
 };
 
 struct StallWatch {
-  std::string what;            // what a stall reports and a peer is told: "an NCCL operation on 4 ranks (...)"
+  // What the communicator does, for a stall's report and the peers that ask: "an NCCL operation on
+  // 4 ranks (...)"; from the watchdog's thread.
+  std::function<std::string()> what;
   std::vector<int> world_ranks;  // the communicator's members
   double timeout_s = 600;        // comm.timeout_s
   std::function<CommunicatorState()> look;  // from the watchdog's thread; must not block

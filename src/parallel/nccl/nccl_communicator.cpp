@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -93,13 +94,14 @@ class NcclCommunicator final : public Communicator {
       MPI_Comm_free(&mpi_);  // status ignored: already failing
       throw;
     }
-    what_ = "an NCCL operation on " + peer_health::describe_group(world_ranks_);
+    members_ = peer_health::describe_group(world_ranks_);
     // Creation is collective and blocks until every rank of the group has joined: the watchdog
     // (which finds mutex_ held meanwhile) ends the process if a peer never comes.
     // A new thread's CUDA calls go to GPU 0: without on_start, the watchdog's event queries would
     // open a context there (~0.5 GiB) for every rank of the node, and fail where GPUs are in
     // exclusive-process mode.
-    watchdog_ = std::make_unique<StallWatchdog>(StallWatch{what_, world_ranks_, timeout_s_, [this] { return look(); },
+    watchdog_ = std::make_unique<StallWatchdog>(StallWatch{[this] { return what(); }, world_ranks_, timeout_s_,
+                                                           [this] { return look(); },
                                                            [this] { accel::set_current_device(device_.index()); },
                                                            nullptr});
     try {
@@ -125,6 +127,7 @@ class NcclCommunicator final : public Communicator {
 #else
       NCCL_CHECK(ncclCommInitRank(&comm_, size_, message.id, rank_));
 #endif
+      created_ = true;
     } catch (...) {
       watchdog_.reset();
       MPI_Comm_free(&mpi_);  // status ignored: already failing
@@ -294,7 +297,7 @@ class NcclCommunicator final : public Communicator {
   void synchronize() override {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point start = Clock::now();
-    const std::function<std::string()> waiting_for = [this] { return what_; };
+    const std::function<std::string()> waiting_for = [this] { return what(); };
     const peer_health::Waiting waiting(waiting_for);  // what a rank that asks is told
     while (true) {
       {
@@ -310,7 +313,7 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     // Named after the communicator is let go: the ranks asked may take seconds to answer.
-    throw comm_error(peer_health::timed_out(what_, world_ranks_, timeout_s_) + "; the communicator was aborted");
+    throw comm_error(peer_health::timed_out(what(), world_ranks_, timeout_s_) + "; the communicator was aborted");
   }
 
  private:
@@ -378,6 +381,10 @@ class NcclCommunicator final : public Communicator {
     comm_ = nullptr;
   }
 
+  std::string what() const {
+    return (created_ ? "an NCCL operation on " : "the set-up of an NCCL communicator on ") + members_;
+  }
+
   // How the communicator stands, for the watchdog (stall_watchdog.h), which must not block on it.
   CommunicatorState look() {
     using Kind = CommunicatorState::Kind;
@@ -414,7 +421,8 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
   std::vector<int> world_ranks_;  // of the members, for messages that name a peer
-  std::string what_;              // "an NCCL operation on 4 ranks (world ranks 0,1,2,3)"
+  std::string members_;           // "4 ranks (world ranks 0,1,2,3)"
+  std::atomic<bool> created_{false};  // read by the watchdog: what() names the set-up until then
   std::unique_ptr<StallWatchdog> watchdog_;  // last: stopped before the members above go
 };
 
