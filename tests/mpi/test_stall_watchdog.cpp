@@ -73,8 +73,8 @@ TEST(StallWatchdog, NamesTheRankThatStoppedAnsweringFirst) {
     MPI_Barrier(MPI_COMM_WORLD);
   } else {
     // Hung in its own code, its communicator idle: its watchdog must not answer for it.
-    const StallWatchdog idle(StallWatch{[what] { return what; }, world, 1.0, [] { return CommunicatorState{}; }, nullptr,
-                                        [&ended](const std::string& reason) { ended.set_value(reason); }});
+    const StallWatchdog idle(StallWatch{[what] { return what; }, world, 1.0, [] { return CommunicatorState{}; },
+                                        nullptr, [&ended](const std::string& reason) { ended.set_value(reason); }});
     MPI_Barrier(MPI_COMM_WORLD);  // a plain MPI wait answers nobody
     peer_health::answer();        // the pings it took no notice of
   }
