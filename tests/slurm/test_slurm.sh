@@ -118,9 +118,14 @@ print(max(1000, round(s["tokens_per_s"] * 90 / (s["tokens"] / s["steps"]) / 100)
     decoy=$!
     trap 'kill "$decoy" 2>/dev/null' EXIT
     job=$(sbatch --parsable --output="$dir/%j.out" --wrap "sleep 600") || fail "sbatch refused the job"
-    for _ in $(seq 1 120); do [[ $(squeue -h -j "$job" -o %T) == RUNNING ]] && break; sleep 0.5; done
-    pids=$(scontrol listpids "$job" | awk 'NR > 1 { print $1 }')
-    [[ -n $pids ]] || fail "job $job has no processes"
+    # RUNNING in the queue comes before the node has started the job's processes: wait for those.
+    pids=
+    for _ in $(seq 1 120); do
+      pids=$(scontrol listpids "$job" 2>/dev/null | awk 'NR > 1 { print $1 }')
+      [[ -n $pids ]] && break
+      sleep 0.5
+    done
+    [[ -n $pids ]] || fail "job $job has no processes after 60 s"
     for pid in $pids; do  # and the job step daemon above them
       parent=$(ps -o ppid= -p "$pid" | tr -d ' ')
       [[ $(tr '\0' ' ' <"/proc/$parent/cmdline" 2>/dev/null) == slurmstepd:* ]] && pids+=" $parent"
