@@ -27,6 +27,7 @@ struct State {
   // Two threads may wait at once (DualPipeV's lanes, NCCL's autograd threads): one at a time
   // probes for pings, or both would take the same one and one would wait forever in its receive.
   std::recursive_mutex mutex;
+  bool any_thread = false;  // MPI_THREAD_MULTIPLE: every thread may call MPI
 };
 
 // What this thread waits for: each lane answers with its own wait.
@@ -53,6 +54,14 @@ void forget_sent_replies() {
   }
 }
 
+// Below MPI_THREAD_MULTIPLE only the main thread may call MPI: another one neither answers nor asks.
+bool this_thread_may_call_mpi() {
+  if (state().any_thread) return true;
+  int main_thread = 0;
+  MPI_CHECK(MPI_Is_thread_main(&main_thread));
+  return main_thread != 0;
+}
+
 std::string host_of(int world_rank) {
   const State& s = state();
   return world_rank < static_cast<int>(s.hosts.size()) ? s.hosts[static_cast<size_t>(world_rank)] : "?";
@@ -67,6 +76,9 @@ void start() {
   int size = 1;
   MPI_CHECK(MPI_Comm_rank(s.comm, &s.rank));
   MPI_CHECK(MPI_Comm_size(s.comm, &size));
+  int level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&level));
+  s.any_thread = level == MPI_THREAD_MULTIPLE;
   // Every rank's host name, so that a silent rank can be named with its host.
   char mine[64] = {0};
   this_host().copy(mine, sizeof mine - 1);
@@ -91,7 +103,7 @@ Waiting::~Waiting() { waiting_for = previous_; }
 
 void answer() {
   State& s = state();
-  if (s.comm == MPI_COMM_NULL) return;
+  if (s.comm == MPI_COMM_NULL || !this_thread_may_call_mpi()) return;
   const std::unique_lock<std::recursive_mutex> lock(s.mutex, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another thread of this rank is answering
   forget_sent_replies();
@@ -110,7 +122,7 @@ void answer() {
 
 std::string silent_ranks(const std::vector<int>& group, double grace_s) {
   State& s = state();
-  if (s.comm == MPI_COMM_NULL) return "";
+  if (s.comm == MPI_COMM_NULL || !this_thread_may_call_mpi()) return "";
   const std::lock_guard<std::recursive_mutex> lock(s.mutex);  // the replies are this thread's to take
   const int world = static_cast<int>(s.hosts.size());
   std::vector<MPI_Request> pings;

@@ -1,15 +1,11 @@
 #include "dstrain/parallel/stall_watchdog.h"
 
-#include <mpi.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <optional>
 
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
 #include "dstrain/core/log_writer.h"
-#include "dstrain/parallel/mpi_check.h"
 #include "dstrain/parallel/peer_health.h"
 
 namespace dstrain {
@@ -21,22 +17,6 @@ void end_process(const std::string& why) {
   log::error(why, "; ending this rank (exit code 5)");
   log::drain(log::kDrainStallSeconds);
   std::_Exit(static_cast<int>(ExitCode::kCommunication));
-}
-
-// This thread may ask and answer the other ranks only where MPI lets every thread call it.
-bool mpi_from_any_thread() {
-  int initialized = 0, finalized = 0, level = MPI_THREAD_SINGLE;
-  MPI_CHECK(MPI_Initialized(&initialized));
-  MPI_CHECK(MPI_Finalized(&finalized));
-  if (!initialized || finalized) return false;
-  MPI_CHECK(MPI_Query_thread(&level));
-  return level == MPI_THREAD_MULTIPLE;
-}
-
-std::string seconds_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g s", seconds);
-  return text;
 }
 
 }  // namespace
@@ -56,18 +36,21 @@ StallWatchdog::~StallWatchdog() {
 }
 
 void StallWatchdog::run() {
-  bool ask_peers = false;
+  // A failure here (setting the GPU, an MPI call while answering) ends the watch, never the
+  // process through an exception no one catches.
   try {
     if (watch_.on_start) watch_.on_start();
-    ask_peers = mpi_from_any_thread();
+    if (const std::optional<std::string> why = watch_until_stopped()) watch_.end(*why);
   } catch (const std::exception& e) {
     watch_.end("watchdog of " + watch_.what() + ": " + e.what());
-    return;
   }
+}
+
+std::optional<std::string> StallWatchdog::watch_until_stopped() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (wake_.wait_for(lock, kTick, [this] { return stopping_; })) return;
+      if (wake_.wait_for(lock, kTick, [this] { return stopping_; })) return std::nullopt;
     }
     const CommunicatorState state = watch_.look();
     // While the communicator waits, its rank's other threads may be stuck inside it: this one
@@ -77,12 +60,13 @@ void StallWatchdog::run() {
     std::optional<peer_health::Waiting> waiting;
     if (state.kind != CommunicatorState::Kind::kIdle) {
       waiting.emplace(watch_.what);
-      if (ask_peers) peer_health::answer();
+      peer_health::answer();
     }
-    const Verdict verdict_now = verdict(state, std::chrono::steady_clock::now());
-    if (verdict_now == Verdict::kGoOn) continue;
-    watch_.end(verdict_now == Verdict::kFailed ? state.error : late_message(ask_peers));
-    return;
+    switch (verdict(state, std::chrono::steady_clock::now())) {
+      case Verdict::kGoOn: continue;
+      case Verdict::kFailed: return state.error;
+      case Verdict::kLate: return peer_health::timed_out(watch_.what(), watch_.world_ranks, watch_.timeout_s);
+    }
   }
 }
 
@@ -102,13 +86,6 @@ StallWatchdog::Verdict StallWatchdog::verdict(const CommunicatorState& state,
       return late_since(busy_since_);
   }
   return Verdict::kGoOn;
-}
-
-// Without MPI from this thread no rank can be asked, and none is named.
-std::string StallWatchdog::late_message(bool ask_peers) const {
-  if (ask_peers) return peer_health::timed_out(watch_.what(), watch_.world_ranks, watch_.timeout_s);
-  return watch_.what() + " did not finish within comm.timeout_s = " + seconds_text(watch_.timeout_s) +
-         ": a peer rank has died or hangs";
 }
 
 }  // namespace dstrain

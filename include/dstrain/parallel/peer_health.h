@@ -3,7 +3,9 @@
 // dead one answers nothing. Every wait of the MPI and NCCL backends answers pings on a
 // communicator of its own (a duplicate of the world), saying what it waits for; the rank whose
 // wait timed out pings the group's members and names first those that stay silent, then what the
-// others said. Safe from any thread: each answers with what it waits for itself.
+// others said. Safe from any thread: each answers with what it waits for itself. Where MPI lets
+// only the main thread call it (below MPI_THREAD_MULTIPLE), the other threads' calls do nothing:
+// they answer nothing and name nobody.
 #pragma once
 
 #include <mpi.h>

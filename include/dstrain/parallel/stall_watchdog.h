@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,8 +56,9 @@ class StallWatchdog {
   enum class Verdict { kGoOn, kLate, kFailed };
 
   void run();
+  // Why the watch ends (a stall, an asynchronous error), or nothing when it was stopped.
+  std::optional<std::string> watch_until_stopped();
   Verdict verdict(const CommunicatorState& state, std::chrono::steady_clock::time_point now);
-  std::string late_message(bool ask_peers) const;
 
   StallWatch watch_;
   std::chrono::steady_clock::time_point busy_since_{};  // when a look first found the communicator held
