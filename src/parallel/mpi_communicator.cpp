@@ -499,6 +499,23 @@ std::unique_ptr<Work> MpiCommunicator::send_async(const torch::Tensor& tensor, i
   return std::make_unique<MpiSend>(wait_here, tensor, checked_count(tensor.nbytes()), peer, tag, comm_);
 }
 
+MPI_Comm split_members(MPI_Comm group, const std::vector<int>& members) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(group, &rank));
+  const auto place = std::find(members.begin(), members.end(), rank);
+  const bool member = place != members.end();
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(group, member ? 0 : MPI_UNDEFINED, member ? static_cast<int>(place - members.begin()) : 0,
+                           &sub));
+  return sub;
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::make_subgroup(const std::vector<int>& members) {
+  MPI_Comm sub = split_members(comm_, members);
+  if (sub == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiCommunicator>(sub, timeout_s_);
+}
+
 std::string MpiCommunicator::broadcast_string(const std::string& text, int root) {
   torch::Tensor length = torch::full({1}, static_cast<int64_t>(text.size()), torch::kInt64);
   broadcast(length, root);

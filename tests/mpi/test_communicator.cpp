@@ -214,7 +214,8 @@ TEST(Communicator, ExchangeWithBothNeighboursInOneGroup) {
 // filled it. Large enough that MPI reads the sender's memory only when the receive comes.
 TEST(Communicator, ASendLetGoOfBeforeItsReceiveStillDeliversItsData) {
   REQUIRE_BACKEND();
-  if (backend().kind == "nccl") GTEST_SKIP() << "nccl: no send_async";
+  // NCCL matches transfers in posting order: there the signal below would meet the data.
+  if (backend().kind == "nccl") GTEST_SKIP() << "nccl: the signal would overtake the send";
   const int size = world().size(), rank = world().rank();
   if (size == 1) GTEST_SKIP() << "one rank: no peer to send to";
   const int64_t n = int64_t{4} << 20;  // 16 MiB
@@ -232,6 +233,52 @@ TEST(Communicator, ASendLetGoOfBeforeItsReceiveStillDeliversItsData) {
     world().exchange(receive);
     world().send(signal, 0);
     EXPECT_TRUE(torch::equal(received.cpu(), contribution(0, n)));
+  }
+  world().barrier();
+}
+
+// A send that does not wait for its receiver: the receive is posted only after the sender has
+// gone on into a barrier, which waits for the receiver; the data arrive whole. Large enough that
+// MPI cannot buffer it.
+TEST(Communicator, ASendThatDoesNotWaitCompletesWhenItsReceiveComesLater) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  // An NCCL send to oneself completes only in one group with its receive.
+  if (size == 1 && backend().kind == "nccl") GTEST_SKIP() << "nccl: one rank has no peer";
+  const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+  const int64_t n = int64_t{1} << 20;
+  std::unique_ptr<Work> sent = world().send_async(on_device(contribution(rank, n)), to, /*tag=*/3);
+  ASSERT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);  // MPI's own: NCCL's would wait for the send
+  torch::Tensor received = on_device(torch::zeros({n}));
+  std::vector<Transfer> receive = {{false, received, from, 3}};
+  world().exchange(receive);
+  sent->wait();
+  world().synchronize();
+  EXPECT_TRUE(torch::equal(received.cpu(), contribution(from, n)));
+}
+
+// make_subgroup: the members in the order given (here the even ranks, highest first), each
+// numbered by its place; the others get none.
+TEST(Communicator, ASubgroupHoldsItsMembersInTheOrderGiven) {
+  REQUIRE_BACKEND();
+  const int size = world().size(), rank = world().rank();
+  std::vector<int> members;
+  for (int r = size - 1; r >= 0; --r)
+    if (r % 2 == 0) members.push_back(r);
+  std::unique_ptr<Communicator> sub = world().make_subgroup(members);
+  if (rank % 2 != 0) {
+    EXPECT_FALSE(sub);
+  } else {
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->size(), static_cast<int>(members.size()));
+    EXPECT_EQ(members.at(static_cast<size_t>(sub->rank())), rank);
+    EXPECT_EQ(sub->backend(), world().backend());
+    torch::Tensor sum = on_device(torch::full({3}, float(rank + 1)));
+    sub->all_reduce(sum, ReduceOp::kSum);
+    sub->synchronize();
+    float expected = 0;
+    for (int r : members) expected += float(r + 1);
+    EXPECT_TRUE(torch::equal(sum.cpu(), torch::full({3}, expected)));
   }
   world().barrier();
 }

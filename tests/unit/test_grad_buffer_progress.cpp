@@ -58,6 +58,7 @@ class PolledGroup : public Communicator {
   void exchange(std::vector<Transfer>&) override { unused(); }
   std::unique_ptr<Work> exchange_async(std::vector<Transfer>&) override { unused(); }
   std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override { unused(); }
+  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>&) override { unused(); }
   void barrier() override {}
   void synchronize() override {}
 

@@ -35,6 +35,7 @@ class NoPeers : public Communicator {
   }
   std::unique_ptr<Work> exchange_async(std::vector<Transfer>&) override { fail(); }
   std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override { fail(); }
+  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>&) override { fail(); }
   void barrier() override {}
   void synchronize() override {}
 

@@ -86,11 +86,16 @@ class Communicator {
   virtual std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) = 0;
   // Starts sending `tensor` (kept until the send completes) and returns at once: the sender goes
   // on computing whether or not the receiver has posted its receive yet, which the zero-bubble
-  // schedules need. The receiver's exchange matches it by tag. The MPI backend only: NCCL queues a
-  // send on the stream its receives wait on, where it would block them (Error kUsage). Posting the
-  // sends with the next group's receives instead deadlocks ZB-V and DualPipeV (the simulator finds
-  // it); what works is a stream and communicator per channel (schedule.h's same_channel).
+  // schedules need. The receiver's exchange matches it by tag (MPI), or by its place among the
+  // transfers between the two ranks in that direction (NCCL: on the communicator's own stream, so
+  // a receive posted after it waits until it has gone). A communicator on which the sends and
+  // the receives follow one order at both ends therefore never holds a receive behind a send: the
+  // pipeline gives each channel one (pipeline/channels.h).
   virtual std::unique_ptr<Work> send_async(const torch::Tensor& tensor, int peer, int tag) = 0;
+  // A communicator of this backend and timeout over `members` (ranks of this group; member i is
+  // rank i there), made by every rank of this group together, each passing the same list; nullptr
+  // on the ranks that are not members.
+  virtual std::unique_ptr<Communicator> make_subgroup(const std::vector<int>& members) = 0;
   virtual void barrier() = 0;
   // Waits until every operation issued so far has completed. A backend that queues work on the
   // GPU (NCCL) ends a hung operation after its timeout with a communication error (exit code 5)

@@ -14,6 +14,10 @@
 
 namespace dstrain {
 
+// The MPI communicator of `members` (ranks of `group`, in that order), collective over `group`:
+// MPI_COMM_NULL on the ranks that are not members (Communicator::make_subgroup of both backends).
+MPI_Comm split_members(MPI_Comm group, const std::vector<int>& members);
+
 class MpiCommunicator : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD/SELF).
@@ -42,6 +46,7 @@ class MpiCommunicator : public Communicator {
   void exchange(std::vector<Transfer>& transfers) override;
   std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) override;
   std::unique_ptr<Work> send_async(const torch::Tensor& tensor, int peer, int tag) override;
+  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>& members) override;
   void barrier() override;
   void synchronize() override {}
 

@@ -17,6 +17,7 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/parallel/mpi_check.h"
+#include "dstrain/parallel/mpi_communicator.h"
 #include "dstrain/parallel/peer_health.h"
 #include "dstrain/parallel/stall_watchdog.h"
 
@@ -59,16 +60,20 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// An all-reduce queued on the communicator's stream: the caller's stream waits for it.
+// An operation queued on the communicator's stream: the caller's stream waits for it. Keeps a
+// tensor the caller hands over (send_async's) until the operation is done with it.
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, torch::Device device) : done_(std::move(done)), device_(device) {}
+  NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, torch::Device device, torch::Tensor kept = {})
+      : done_(std::move(done)), device_(device), kept_(std::move(kept)) {}
+  // The caller's stream waits: a kept tensor freed afterwards is reused only behind the operation.
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(device_.index())); }
   bool ready() override { return done_->query(); }
 
  private:
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   torch::Device device_;
+  torch::Tensor kept_;
 };
 
 // The id travels with whether the group's first rank could make one, so that a failure there
@@ -283,10 +288,32 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclWork>(done, device_);
   }
 
-  std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override {
-    throw Error(ExitCode::kUsage,
-                "the zero-bubble schedules (zb-h1, zbv, dualpipev) send without waiting for the receiver, which the "
-                "NCCL backend cannot do yet; use comm.backend = mpi, or another parallel.schedule");
+  // Queued on the communicator's own stream behind what was queued there before, so that it is
+  // matched in posting order (NCCL has no tags); the caller's stream does not wait for it.
+  std::unique_ptr<Work> send_async(const torch::Tensor& t, int peer, int) override {
+    require_on_device(t, "send_async");
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream([&](cudaStream_t s) {
+      NCCL_CHECK(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s));
+    }, *done);
+    return std::make_unique<NcclWork>(done, device_, t);
+  }
+
+  // A communicator of its own (stream, watchdog), set up through an MPI communicator of the
+  // members, as this one was: one ncclCommInitRank among the members alone, so that ranks making
+  // several subgroups in one order never wait for each other in a cycle.
+  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>& members) override {
+    MPI_Comm sub = split_members(mpi_, members);
+    if (sub == MPI_COMM_NULL) return nullptr;
+    std::unique_ptr<Communicator> made;
+    try {
+      made = make_nccl_communicator(sub, device_, timeout_s_);
+    } catch (...) {
+      MPI_Comm_free(&sub);  // status ignored: already failing
+      throw;
+    }
+    MPI_CHECK(MPI_Comm_free(&sub));  // the NCCL communicator keeps a copy of its own
+    return made;
   }
 
   void barrier() override {
