@@ -19,7 +19,9 @@ PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, Pip
       pp_group_(pp_group),
       shape_(shape),
       activation_width_(model.activation_width()),
-      weight_gradients_(weight_gradients) {}
+      weight_gradients_(weight_gradients) {
+  if (train_.sends_without_waiting()) channels_ = std::make_unique<PipelineChannels>(train_, pp_group_);
+}
 
 void PipelineExecutor::set_microbatches(int microbatches) {
   if (microbatches != train_.microbatches)
@@ -241,11 +243,16 @@ void PipelineExecutor::backward(const Schedule& schedule, const Action& a) {
 void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training,
                                 bool timed) {
   const torch::Device device = shape_.device;
+  // Training steps of a schedule whose sends do not wait go on the channels; the rest (and every
+  // evaluation) on the PP group, in groups that complete together.
+  PipelineChannels* channels = training && schedule.sends_without_waiting() ? channels_.get() : nullptr;
   std::vector<Transfer> group;
+  std::vector<TransferId> ids;  // of the group's transfers
   std::vector<std::pair<Key, bool>> receives;  // (key, is activation) of the group's receives
   for (const Action& a : transfers) {
     const Key key{a.microbatch, a.chunk};
-    Transfer t{false, torch::Tensor(), a.peer, transfer_tag(schedule, transfer_id(schedule, stage_, a))};
+    const TransferId id = transfer_id(schedule, stage_, a);
+    Transfer t{false, torch::Tensor(), a.peer, transfer_tag(schedule, id)};
     switch (a.kind) {
       case ActionKind::kSendActivation:
         t.send = true;
@@ -266,18 +273,22 @@ void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Acti
       default:
         break;
     }
-    if (t.send && schedule.sends_without_waiting()) {
-      sends_.push_back(pp_group_.send_async(t.tensor, t.peer, t.tag));  // kept until it completes
+    if (t.send && channels) {
+      sends_.push_back(channels->send_async(id, t));  // kept until it completes
       continue;
     }
     group.push_back(std::move(t));
+    ids.push_back(id);
   }
   // Sends that have completed give their tensors back (an activation, an input's gradient) now
   // rather than at the step's end.
   sends_.erase(std::remove_if(sends_.begin(), sends_.end(), [](const auto& send) { return send->ready(); }),
                sends_.end());
   const accel::Timestamp wait_start = timed ? accel::Timestamp::now(device) : accel::Timestamp();
-  if (!group.empty()) pp_group_.exchange(group);
+  if (channels)
+    channels->exchange(group, ids);
+  else if (!group.empty())
+    pp_group_.exchange(group);
   if (timed) waits_.emplace_back(wait_start, accel::Timestamp::now(device));
   for (size_t r = 0, g = 0; g < group.size(); ++g) {
     if (group[g].send) continue;

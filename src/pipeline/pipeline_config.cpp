@@ -7,8 +7,8 @@ namespace dstrain {
 void add_pipeline_options(OptionTable& t) {
   t.add("parallel.schedule", OptionKind::kString, "1f1b",
         "pipeline schedule: gpipe, 1f1b, interleaved (1F1B over virtual_stages chunks per stage), or the "
-        "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V); the zero-bubble "
-        "ones need comm.backend = mpi, the others take mpi or nccl");
+        "zero-bubble zb-h1, zbv and dualpipev (zbv and dualpipev: 2 chunks per stage in a V); every schedule "
+        "takes comm.backend = mpi or nccl");
   t.add("parallel.dualpipe_overlap", OptionKind::kBool, "false",
         "dualpipev with expert parallelism: each pair's forward runs on a second thread beside the paired "
         "backward, so that one micro-batch's expert all-to-all waits while the other computes (CPU with the MPI "

@@ -8,6 +8,7 @@
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/parallel/context_parallel_collectives.h"
+#include "dstrain/parallel/deadline.h"
 #include "dstrain/parallel/tensor_parallel_collectives.h"
 #include "dstrain/pipeline/partition.h"
 
@@ -121,10 +122,6 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   const ScheduleKind schedule = c.pipeline.schedule;
   const int microbatches = static_cast<int>(c.loop.grad_accum);
   Schedule training = make_schedule(schedule, pp, chunks_per_stage, microbatches);
-  if (pp > 1 && training.sends_without_waiting() && stages.backend() == Backend::kNccl)
-    throw config_error("parallel.schedule", schedule_name(c.pipeline.schedule),
-                       "its sends go without waiting for the receiver, which the NCCL backend cannot do yet; use "
-                       "comm.backend = mpi, or gpipe, 1f1b or interleaved");
   std::vector<CausalLM> chunks;
   for (int chunk = 0; chunk < chunks_per_stage; ++chunk) {
     CausalLM model(c.model, rank.slices[training.virtual_stage(stage, chunk)], options);
@@ -136,10 +133,15 @@ RankStage build_rank_stage(const TrainConfig& c, ParallelContext& parallel, cons
   }
   rank.model = std::make_unique<LanguageModelStage>(std::move(chunks), pp * chunks_per_stage);
   Schedule evaluation = make_schedule(ScheduleKind::kForwardOnly, pp, chunks_per_stage, microbatches, training.v_shape);
-  rank.executor = std::make_unique<PipelineExecutor>(
-      std::move(training), std::move(evaluation), stage, *rank.model, *rank.weight_gradients, stages,
-      ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device,
-                      c.loop.seq_len / cp.size() / (c.parallel.sequence_parallel ? tp.size() : 1)});
+  {
+    // Collective over the stages when the schedule has channels (pipeline/channels.h).
+    Deadline deadline("the set-up of the pipeline's channels", c.comm.timeout_s, Deadline::kStartup,
+                      ExitCode::kCommunication);
+    rank.executor = std::make_unique<PipelineExecutor>(
+        std::move(training), std::move(evaluation), stage, *rank.model, *rank.weight_gradients, stages,
+        ActivationShape{c.loop.micro_batch, c.loop.seq_len, dtype, device,
+                        c.loop.seq_len / cp.size() / (c.parallel.sequence_parallel ? tp.size() : 1)});
+  }
   if (c.pipeline.dualpipe_overlap) rank.executor->set_pairs_side_by_side(pairs_side_by_side(c, expert_groups, device));
   return rank;
 }

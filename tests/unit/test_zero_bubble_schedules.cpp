@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "dstrain/core/error.h"
+#include "dstrain/pipeline/channels.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
 #include "test_util.h"
@@ -198,4 +199,36 @@ TEST(ZeroBubbleSchedules, ImpossibleCombinationsNameTheKey) {
   EXPECT_EQ(schedule_kind_named("zb-h1"), ScheduleKind::kZbH1);
   EXPECT_EQ(schedule_kind_named("zbv"), ScheduleKind::kZbV);
   EXPECT_EQ(schedule_kind_named("dualpipev"), ScheduleKind::kDualPipeV);
+}
+
+// The channels (pipeline/channels.h) are those the schedule's transfers take, each between the
+// two stages that send and receive on it, and none is left without a transfer.
+TEST(ZeroBubbleSchedules, EveryTransferTakesAListedChannelBetweenItsTwoStages) {
+  for (ScheduleKind kind : {ScheduleKind::kZbH1, ScheduleKind::kZbV, ScheduleKind::kDualPipeV}) {
+    for (int pp : {2, 3, 4}) {
+      const Schedule s = make_schedule(kind, pp, default_virtual_stages(kind), 2 * pp);
+      const std::vector<Channel> channels = channels_of(s);
+      std::vector<int> transfers_on(channels.size(), 0);
+      for (int stage = 0; stage < pp; ++stage) {
+        for (const Action& a : s.stages[stage]) {
+          if (a.is_compute()) continue;
+          const TransferId id = transfer_id(s, stage, a);
+          const bool send = a.kind == ActionKind::kSendActivation || a.kind == ActionKind::kSendGrad;
+          const auto channel = std::find_if(channels.begin(), channels.end(), [&](const Channel& c) {
+            return c.activation == id.activation && c.from_virtual_stage == id.from_virtual_stage;
+          });
+          ASSERT_NE(channel, channels.end()) << schedule_name(kind) << " pp " << pp << ": no channel";
+          EXPECT_EQ(send ? channel->sender : channel->receiver, stage);
+          EXPECT_EQ(send ? channel->receiver : channel->sender, a.peer);
+          ++transfers_on[channel - channels.begin()];
+        }
+      }
+      for (size_t c = 0; c < channels.size(); ++c)
+        EXPECT_EQ(transfers_on[c], 2 * s.microbatches)  // each micro-batch: its send and its receive
+            << schedule_name(kind) << " pp " << pp << ": channel " << c;
+      // A V has one turn within a stage, for activations and for gradients.
+      const int virtual_stages = pp * s.virtual_stages;
+      EXPECT_EQ(channels.size(), size_t(2 * (virtual_stages - 1) - (s.v_shape ? 2 : 0)));
+    }
+  }
 }

@@ -14,6 +14,7 @@
 #include "dstrain/core/accelerator.h"
 #include "dstrain/pipeline/weight_gradient_store.h"
 #include "dstrain/parallel/communicator.h"
+#include "dstrain/pipeline/channels.h"
 #include "dstrain/pipeline/schedule.h"
 #include "dstrain/pipeline/simulator.h"
 #include "dstrain/pipeline/stage.h"
@@ -34,7 +35,7 @@ class PipelineExecutor {
   // Chunk c of `model` is virtual stage c × pp + stage of `train` (and of `eval`, the
   // forward-only schedule). `weight_gradients`: where the model's products leave their weight
   // gradients (ComputeOptions::deferral) for the W actions of a zero-bubble schedule. Both outlive
-  // the executor.
+  // the executor. Collective over `pp_group` when `train` sends without waiting (its channels).
   PipelineExecutor(Schedule train, Schedule eval, int stage, PipelineStage& model,
                    WeightGradientStore& weight_gradients, Communicator& pp_group, const ActivationShape& shape);
 
@@ -115,6 +116,7 @@ class PipelineExecutor {
   int stage_;
   PipelineStage& model_;
   Communicator& pp_group_;
+  std::unique_ptr<PipelineChannels> channels_;  // training steps of a schedule whose sends do not wait
   ActivationShape shape_;
   int64_t activation_width_;
   // Per (micro-batch, chunk) in flight: the input (received activation, a leaf that collects its

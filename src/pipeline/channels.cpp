@@ -1,0 +1,72 @@
+#include "dstrain/pipeline/channels.h"
+
+#include <string>
+
+#include "dstrain/core/error.h"
+
+namespace dstrain {
+
+std::vector<Channel> channels_of(const Schedule& schedule) {
+  std::vector<Channel> channels;
+  const int last = schedule.last_virtual_stage();
+  for (const bool activation : {true, false}) {
+    for (int from = 0; from <= last; ++from) {
+      const int to = activation ? from + 1 : from - 1;  // activations go forward, gradients back
+      if (to < 0 || to > last) continue;
+      const int sender = schedule.stage_of(from), receiver = schedule.stage_of(to);
+      if (sender != receiver) channels.push_back({activation, from, sender, receiver});
+    }
+  }
+  return channels;
+}
+
+PipelineChannels::PipelineChannels(const Schedule& schedule, Communicator& pp_group) : stage_(pp_group.rank()) {
+  for (const Channel& channel : channels_of(schedule)) {
+    std::unique_ptr<Communicator> group = pp_group.make_subgroup({channel.sender, channel.receiver});
+    if (group)
+      links_.emplace(std::make_pair(channel.activation, channel.from_virtual_stage), Link{channel, std::move(group)});
+  }
+}
+
+std::pair<PipelineChannels::Link*, Transfer> PipelineChannels::on_link(const TransferId& id,
+                                                                       const Transfer& transfer) {
+  const auto found = links_.find({id.activation, id.from_virtual_stage});
+  const int peer = found == links_.end() ? -1
+                   : transfer.send      ? found->second.channel.receiver
+                                        : found->second.channel.sender;
+  if (peer != transfer.peer || peer == stage_)
+    throw Error(ExitCode::kInternal, "pipeline: stage " + std::to_string(stage_) + " has no channel for " +
+                                         (id.activation ? "activations" : "gradients") + " from virtual stage " +
+                                         std::to_string(id.from_virtual_stage) + " with stage " +
+                                         std::to_string(transfer.peer));
+  Transfer on_channel = transfer;
+  on_channel.peer = transfer.send ? 1 : 0;
+  return {&found->second, on_channel};
+}
+
+std::unique_ptr<Work> PipelineChannels::send_async(const TransferId& id, const Transfer& transfer) {
+  auto [link, on_channel] = on_link(id, transfer);
+  return link->group->send_async(on_channel.tensor, on_channel.peer, on_channel.tag);
+}
+
+void PipelineChannels::exchange(std::vector<Transfer>& transfers, const std::vector<TransferId>& ids) {
+  // One group per channel, every group started before any is waited for.
+  std::map<Link*, std::vector<size_t>> by_link;
+  std::vector<Transfer> addressed;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    auto [link, on_channel] = on_link(ids.at(i), transfers[i]);
+    by_link[link].push_back(i);
+    addressed.push_back(std::move(on_channel));
+  }
+  std::vector<std::vector<Transfer>> groups;
+  groups.reserve(by_link.size());
+  std::vector<std::unique_ptr<Work>> started;
+  for (const auto& [link, members] : by_link) {
+    std::vector<Transfer>& group = groups.emplace_back();
+    for (size_t i : members) group.push_back(addressed[i]);
+    started.push_back(link->group->exchange_async(group));
+  }
+  for (auto& work : started) work->wait();
+}
+
+}  // namespace dstrain
