@@ -20,11 +20,18 @@ std::vector<Channel> channels_of(const Schedule& schedule) {
   return channels;
 }
 
-PipelineChannels::PipelineChannels(const Schedule& schedule, Communicator& pp_group) : stage_(pp_group.rank()) {
+PipelineChannels::PipelineChannels(const Schedule& schedule, Communicator& pp_group, const torch::Device& device)
+    : stage_(pp_group.rank()) {
   for (const Channel& channel : channels_of(schedule)) {
     std::unique_ptr<Communicator> group = pp_group.make_subgroup({channel.sender, channel.receiver});
-    if (group)
-      links_.emplace(std::make_pair(channel.activation, channel.from_virtual_stage), Link{channel, std::move(group)});
+    if (!group) continue;
+    // NCCL connects two ranks at their first transfer, the host waiting for the peer: here, while
+    // the set-up's deadline watches, rather than in a step.
+    const bool sender = channel.sender == stage_;
+    std::vector<Transfer> first = {{sender, torch::zeros({1}, torch::dtype(torch::kFloat32).device(device)),
+                                    sender ? 1 : 0, /*tag=*/0}};
+    group->exchange(first);
+    links_.emplace(std::make_pair(channel.activation, channel.from_virtual_stage), Link{channel, std::move(group)});
   }
 }
 

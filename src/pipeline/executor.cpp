@@ -20,7 +20,7 @@ PipelineExecutor::PipelineExecutor(Schedule train, Schedule eval, int stage, Pip
       shape_(shape),
       activation_width_(model.activation_width()),
       weight_gradients_(weight_gradients) {
-  if (train_.sends_without_waiting()) channels_ = std::make_unique<PipelineChannels>(train_, pp_group_);
+  if (train_.sends_without_waiting()) channels_ = std::make_unique<PipelineChannels>(train_, pp_group_, shape_.device);
 }
 
 void PipelineExecutor::set_microbatches(int microbatches) {

@@ -2,12 +2,13 @@
 // order they are posted, each communicator's operations one after the other on a queue of their
 // own, as on a CUDA stream, a send done only once its receive has started): the real executor and
 // its channels (pipeline/channels.h) on 2–4 real ranks, a toy model's gradients and losses checked
-// against the whole model computed on one rank. With one communicator for every channel, ZB-V and
-// DualPipeV deadlock here (a send holds back a receive of another channel), which the queue's
-// bound turns into a failure.
+// against the whole model computed on one rank. With one queue for every channel, ZB-V deadlocks
+// here (a send holds back a receive of another channel), which the queue's bound turns into an
+// error: the control case checks that it does.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -26,18 +27,26 @@ using namespace dstrain;
 
 namespace {
 
-constexpr double kBoundSeconds = 30;  // for one transfer group: seconds on a loaded machine
-
 // Transfers posted on this communicator run one group after the other on its own thread (the
-// stream); a caller waits for a group's completion only through its Work.
+// stream); a caller waits for a group's completion only through its Work. A group that has not
+// completed after `bound_s` ends with an error. With `one_queue`, its subgroups post on its own
+// queue instead of theirs, as if every channel shared one communicator.
 class StreamOrderedGroup final : public Communicator {
  public:
-  explicit StreamOrderedGroup(MPI_Comm comm) : comm_(comm) {
+  StreamOrderedGroup(MPI_Comm comm, double bound_s, bool one_queue = false)
+      : comm_(comm), bound_s_(bound_s), one_queue_(one_queue) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     stream_ = std::thread([this] { run(); });
   }
+  // A subgroup on `owner`'s queue: ranks `members` of the owner.
+  StreamOrderedGroup(StreamOrderedGroup& owner, std::vector<int> members)
+      : owner_(&owner), members_(std::move(members)) {
+    rank_ = static_cast<int>(std::find(members_.begin(), members_.end(), owner.rank_) - members_.begin());
+    size_ = static_cast<int>(members_.size());
+  }
   ~StreamOrderedGroup() override {
+    if (owner_) return;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -57,8 +66,12 @@ class StreamOrderedGroup final : public Communicator {
     return post({Transfer{true, tensor, peer, tag}});
   }
   std::unique_ptr<Communicator> make_subgroup(const std::vector<int>& members) override {
+    if (one_queue_) {
+      const bool member = std::find(members.begin(), members.end(), rank_) != members.end();
+      return member ? std::make_unique<StreamOrderedGroup>(*this, members) : nullptr;
+    }
     MPI_Comm sub = split_members(comm_, members);
-    return sub == MPI_COMM_NULL ? nullptr : std::make_unique<StreamOrderedGroup>(sub);
+    return sub == MPI_COMM_NULL ? nullptr : std::make_unique<StreamOrderedGroup>(sub, bound_s_);
   }
   void barrier() override { MPI_Barrier(comm_); }
   void synchronize() override {}
@@ -104,6 +117,10 @@ class StreamOrderedGroup final : public Communicator {
   [[noreturn]] static void unused() { throw std::logic_error("the pipeline's transfers do not call this"); }
 
   std::unique_ptr<Work> post(std::vector<Transfer> transfers) {
+    if (owner_) {
+      for (Transfer& t : transfers) t.peer = members_.at(static_cast<size_t>(t.peer));
+      return owner_->post(std::move(transfers));
+    }
     auto group = std::make_shared<Group>();
     group->transfers = std::move(transfers);
     {
@@ -152,20 +169,24 @@ class StreamOrderedGroup final : public Communicator {
       int done = 0;
       MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
       if (done) return "";
-      if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(kBoundSeconds)) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(bound_s_)) {
         for (MPI_Request& request : requests) {
           if (request == MPI_REQUEST_NULL) continue;
           MPI_Cancel(&request);
           MPI_Request_free(&request);
         }
-        return "a transfer group did not complete within " + std::to_string(kBoundSeconds) +
+        return "a transfer group did not complete within " + std::to_string(bound_s_) +
                " s: its channel waits for another (a deadlock)";
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
 
-  MPI_Comm comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  double bound_s_ = 0;
+  bool one_queue_ = false;
+  StreamOrderedGroup* owner_ = nullptr;  // a subgroup on the owner's queue
+  std::vector<int> members_;             // ... its ranks there
   int rank_ = 0, size_ = 1;
   std::mutex mutex_;
   std::condition_variable queued_, finished_;
@@ -219,27 +240,50 @@ torch::Tensor tokens_of(int microbatch) {
       {kBatch, kPositions + 1});
 }
 
-void expect_like_one_rank(ScheduleKind kind) {
-  int threads = MPI_THREAD_SINGLE;
+// Whether the ranks can run stream-ordered pipelines: skips the test otherwise.
+bool stages_available() {
+  int threads = MPI_THREAD_SINGLE, pp = 1;
   MPI_Query_thread(&threads);
-  if (threads != MPI_THREAD_MULTIPLE) GTEST_SKIP() << "the stream threads need MPI_THREAD_MULTIPLE";
-  int rank = 0, pp = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &pp);
-  if (pp < 2) GTEST_SKIP() << "needs two stages or more";
-  const int chunks = v_shaped(kind) ? 2 : 1, microbatches = 2 * pp;
-  MPI_Comm world = MPI_COMM_NULL;
-  MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  StreamOrderedGroup stages(world);
-  const Schedule train = make_schedule(kind, pp, chunks, microbatches);
-  ToyChunks model(train, rank);
+  return threads == MPI_THREAD_MULTIPLE && pp >= 2;
+}
+
+struct ToyPipeline {
+  explicit ToyPipeline(ScheduleKind kind, double bound_s = 30, bool one_queue = false)
+      : stages(world_duplicate(), bound_s, one_queue),
+        train(make_schedule(kind, stages.size(), v_shaped(kind) ? 2 : 1, 2 * stages.size())),
+        model(train, stages.rank()) {}
+  static MPI_Comm world_duplicate() {
+    MPI_Comm world = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    return world;
+  }
+  // One training step: the stage's loss sums.
+  std::vector<torch::Tensor> step() {
+    executor = std::make_unique<PipelineExecutor>(
+        train, make_schedule(ScheduleKind::kForwardOnly, train.pp, train.virtual_stages, train.microbatches,
+                             train.v_shape),
+        stages.rank(), model, weight_gradients, stages,
+        ActivationShape{kBatch, kPositions, torch::kFloat32, torch::kCPU});
+    return executor->train_step(tokens_of, train.microbatches, torch::Tensor());
+  }
+
+  StreamOrderedGroup stages;
+  Schedule train;
+  ToyChunks model;
   WeightGradientStore weight_gradients;
-  PipelineExecutor executor(train, make_schedule(ScheduleKind::kForwardOnly, pp, chunks, microbatches, train.v_shape),
-                            rank, model, weight_gradients, stages,
-                            ActivationShape{kBatch, kPositions, torch::kFloat32, torch::kCPU});
+  std::unique_ptr<PipelineExecutor> executor;  // first to go
+};
+
+void expect_like_one_rank(ScheduleKind kind) {
+  if (!stages_available()) GTEST_SKIP() << "needs two ranks or more and MPI_THREAD_MULTIPLE (the stream threads)";
+  ToyPipeline pipeline(kind);
+  const Schedule& train = pipeline.train;
+  const int rank = pipeline.stages.rank(), chunks = train.virtual_stages, microbatches = train.microbatches;
+  ToyChunks& model = pipeline.model;
   std::vector<torch::Tensor> sums;
   try {
-    sums = executor.train_step(tokens_of, microbatches, torch::Tensor());
+    sums = pipeline.step();
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
     MPI_Abort(MPI_COMM_WORLD, 1);  // the other stages wait for this one's transfers
@@ -258,12 +302,12 @@ void expect_like_one_rank(ScheduleKind kind) {
   }
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const int k = train.virtual_stage(rank, chunk);
-    ASSERT_TRUE(model.weights[chunk].grad().defined()) << "virtual stage " << k;
-    EXPECT_TRUE(torch::allclose(model.weights[chunk].grad(), whole[k].grad(), 1e-5, 1e-7))
-        << "virtual stage " << k << ": " << model.weights[chunk].grad() << " vs " << whole[k].grad();
+    const torch::Tensor grad = model.weights[chunk].grad();
+    EXPECT_TRUE(grad.defined() && torch::allclose(grad, whole[k].grad(), 1e-5, 1e-7))
+        << "virtual stage " << k << ": " << grad << " vs " << whole[k].grad();
   }
-  if (executor.has_loss()) EXPECT_NEAR(sums.at(0).item<double>(), fit, 1e-6 * fit);
-  stages.barrier();
+  if (pipeline.executor->has_loss()) EXPECT_NEAR(sums.at(0).item<double>(), fit, 1e-6 * fit);
+  pipeline.stages.barrier();
 }
 
 }  // namespace
@@ -272,4 +316,21 @@ TEST(PipelineChannels, ZbH1OverStreamOrderedTransfersMatchesOneRank) { expect_li
 TEST(PipelineChannels, ZbVOverStreamOrderedTransfersMatchesOneRank) { expect_like_one_rank(ScheduleKind::kZbV); }
 TEST(PipelineChannels, DualPipeVOverStreamOrderedTransfersMatchesOneRank) {
   expect_like_one_rank(ScheduleKind::kDualPipeV);
+}
+
+// The control: every channel on one queue, ZB-V's step ends with the queue's error on some rank.
+TEST(PipelineChannels, ZbVWithEveryChannelOnOneQueueDeadlocks) {
+  if (!stages_available()) GTEST_SKIP() << "needs two ranks or more and MPI_THREAD_MULTIPLE (the stream threads)";
+  int failed = 0;
+  {
+    ToyPipeline pipeline(ScheduleKind::kZbV, /*bound_s=*/2, /*one_queue=*/true);
+    try {
+      pipeline.step();
+    } catch (const std::exception& e) {
+      failed = std::string(e.what()).find("a deadlock") != std::string::npos;
+    }
+  }  // the queue ends once every group left on it has completed or timed out
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(any_failed, 1);
 }

@@ -33,8 +33,9 @@ std::vector<Channel> channels_of(const Schedule& schedule);
 class PipelineChannels {
  public:
   // Collective over `pp_group` (its rank is the stage): each channel's communicator is made by
-  // every stage together, in channels_of's order.
-  PipelineChannels(const Schedule& schedule, Communicator& pp_group);
+  // every stage together, in channels_of's order, and its two stages connected by a first
+  // transfer of one element on `device`.
+  PipelineChannels(const Schedule& schedule, Communicator& pp_group, const torch::Device& device);
 
   // Starts the send of transfer `id` (`transfer`: a send to a stage) on its channel.
   std::unique_ptr<Work> send_async(const TransferId& id, const Transfer& transfer);

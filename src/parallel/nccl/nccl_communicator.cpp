@@ -2,6 +2,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -66,6 +67,16 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done, torch::Device device, torch::Tensor kept = {})
       : done_(std::move(done)), device_(device), kept_(std::move(kept)) {}
+  // A kept tensor goes back to LibTorch's allocator only behind the operation, even when the
+  // caller lets go of it unwaited (an error unwinding the pipeline).
+  ~NcclWork() override {
+    if (!kept_.defined()) return;
+    try {
+      wait();
+    } catch (const std::exception&) {
+      // a CUDA error: the computing thread meets it too, and reports it
+    }
+  }
   // The caller's stream waits: a kept tensor freed afterwards is reused only behind the operation.
   void wait() override { done_->block(c10::cuda::getCurrentCUDAStream(device_.index())); }
   bool ready() override { return done_->query(); }
@@ -74,6 +85,26 @@ class NcclWork final : public Work {
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   torch::Device device_;
   torch::Tensor kept_;
+};
+
+// A CUDA stream of the communicator's alone, of the highest priority. LibTorch's pool hands its
+// 32 streams out in turn: two communicators on one stream would queue each other's operations (a
+// pipeline channel's receive behind another channel's send that waits for its receiver).
+class OwnedStream {
+ public:
+  explicit OwnedStream(c10::DeviceIndex device) {
+    c10::cuda::CUDAGuard guard(device);
+    int least = 0, greatest = 0;
+    C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    C10_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  }
+  ~OwnedStream() { cudaStreamDestroy(stream_); }  // status ignored: a destructor cannot report it
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
 };
 
 // The id travels with whether the group's first rank could make one, so that a failure there
@@ -87,7 +118,8 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm group, const torch::Device& device, double timeout_s)
       : device_(device),
-        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
+        owned_stream_(device.index()),
+        stream_(c10::cuda::getStreamFromExternal(owned_stream_.get(), device.index())),
         timeout_s_(timeout_s) {
     MPI_CHECK(MPI_Comm_dup(group, &mpi_));
     try {
@@ -440,6 +472,7 @@ class NcclCommunicator final : public Communicator {
 
   std::mutex mutex_;  // guards comm_, last_done_ and last_enqueued_
   torch::Device device_;
+  OwnedStream owned_stream_;  // destroyed after the destructor's body has let go of the communicator
   c10::cuda::CUDAStream stream_;
   at::cuda::CUDAEvent last_done_;
   std::chrono::steady_clock::time_point last_enqueued_;
