@@ -57,22 +57,13 @@ std::unique_ptr<Work> PipelineChannels::send_async(const TransferId& id, const T
 }
 
 void PipelineChannels::exchange(std::vector<Transfer>& transfers, const std::vector<TransferId>& ids) {
-  // One group per channel, every group started before any is waited for.
-  std::map<Link*, std::vector<size_t>> by_link;
-  std::vector<Transfer> addressed;
-  for (size_t i = 0; i < transfers.size(); ++i) {
-    auto [link, on_channel] = on_link(ids.at(i), transfers[i]);
-    by_link[link].push_back(i);
-    addressed.push_back(std::move(on_channel));
-  }
-  std::vector<std::vector<Transfer>> groups;
-  groups.reserve(by_link.size());
+  // One group per channel, started in the channels' order (the same on every stage), every group
+  // started before any is waited for.
+  std::map<std::pair<bool, int>, std::vector<Transfer>> by_channel;
+  for (size_t i = 0; i < transfers.size(); ++i)
+    by_channel[{ids.at(i).activation, ids.at(i).from_virtual_stage}].push_back(on_link(ids[i], transfers[i]).second);
   std::vector<std::unique_ptr<Work>> started;
-  for (const auto& [link, members] : by_link) {
-    std::vector<Transfer>& group = groups.emplace_back();
-    for (size_t i : members) group.push_back(addressed[i]);
-    started.push_back(link->group->exchange_async(group));
-  }
+  for (auto& [channel, group] : by_channel) started.push_back(links_.at(channel).group->exchange_async(group));
   for (auto& work : started) work->wait();
 }
 
