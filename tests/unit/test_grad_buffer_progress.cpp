@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "dstrain/optim/grad_buffer.h"
+#include "unused_communicator.h"
 
 using namespace dstrain;
 
@@ -33,9 +34,10 @@ class PolledReduction : public Work {
 };
 
 // Two ranks with the same gradients: the average leaves them as they are.
-class PolledGroup : public Communicator {
+class PolledGroup : public test::UnusedCommunicator {
  public:
-  PolledGroup(int polls_needed, Ledger& ledger) : polls_needed_(polls_needed), ledger_(ledger) {}
+  PolledGroup(int polls_needed, Ledger& ledger)
+      : UnusedCommunicator("the gradient buffer does not call this"), polls_needed_(polls_needed), ledger_(ledger) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   Backend backend() const override { return Backend::kMpi; }  // (polled, as MPI's)
@@ -45,25 +47,10 @@ class PolledGroup : public Communicator {
     return std::make_unique<PolledReduction>(polls_needed_, ledger_);
   }
   bool callable_from_any_thread() const override { return true; }
-  void reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) override { unused(); }
-  std::unique_ptr<Work> reduce_scatter_async(torch::Tensor&, const torch::Tensor&, ReduceOp) override { unused(); }
-  void all_gather(torch::Tensor&, const torch::Tensor&) override { unused(); }
-  std::unique_ptr<Work> all_gather_async(torch::Tensor&, const torch::Tensor&) override { unused(); }
-  void broadcast(torch::Tensor&, int) override { unused(); }
-  void all_to_all(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
-    unused();
-  }
-  void send(const torch::Tensor&, int) override { unused(); }
-  void recv(torch::Tensor&, int) override { unused(); }
-  void exchange(std::vector<Transfer>&) override { unused(); }
-  std::unique_ptr<Work> exchange_async(std::vector<Transfer>&) override { unused(); }
-  std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override { unused(); }
-  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>&) override { unused(); }
   void barrier() override {}
   void synchronize() override {}
 
  private:
-  [[noreturn]] static void unused() { throw std::logic_error("the gradient buffer does not call this"); }
   int polls_needed_;
   Ledger& ledger_;
 };

@@ -6,41 +6,25 @@
 #include <stdexcept>
 
 #include "dstrain/pipeline/executor.h"
+#include "unused_communicator.h"
 
 using namespace dstrain;
 
 namespace {
 
 // One rank, no peers: a schedule with one stage never calls these.
-class NoPeers : public Communicator {
+class NoPeers : public test::UnusedCommunicator {
  public:
+  NoPeers() : UnusedCommunicator("a one-stage schedule communicated") {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Backend backend() const override { return Backend::kMpi; }
-  void all_reduce(torch::Tensor&, ReduceOp) override { fail(); }
-  std::unique_ptr<Work> all_reduce_async(torch::Tensor&, ReduceOp) override { fail(); }
   bool callable_from_any_thread() const override { return true; }
-  void reduce_scatter(torch::Tensor&, const torch::Tensor&, ReduceOp) override { fail(); }
-  std::unique_ptr<Work> reduce_scatter_async(torch::Tensor&, const torch::Tensor&, ReduceOp) override { fail(); }
-  void all_gather(torch::Tensor&, const torch::Tensor&) override { fail(); }
-  std::unique_ptr<Work> all_gather_async(torch::Tensor&, const torch::Tensor&) override { fail(); }
-  void broadcast(torch::Tensor&, int) override { fail(); }
-  void all_to_all(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
-    fail();
-  }
-  void send(const torch::Tensor&, int) override { fail(); }
-  void recv(torch::Tensor&, int) override { fail(); }
   void exchange(std::vector<Transfer>& transfers) override {
-    if (!transfers.empty()) fail();
+    if (!transfers.empty()) unused();
   }
-  std::unique_ptr<Work> exchange_async(std::vector<Transfer>&) override { fail(); }
-  std::unique_ptr<Work> send_async(const torch::Tensor&, int, int) override { fail(); }
-  std::unique_ptr<Communicator> make_subgroup(const std::vector<int>&) override { fail(); }
   void barrier() override {}
   void synchronize() override {}
-
- private:
-  [[noreturn]] static void fail() { throw std::logic_error("a one-stage schedule communicated"); }
 };
 
 // tokens [B, S + 1] → "fit": mean (Σw · x - next)², "size": mean w²; objective fit + 0.1 size.
