@@ -203,11 +203,9 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(torch::Tensor& t, ReduceOp op) override {
     require_on_device(t, "all_reduce_async");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    enqueue_on_own_stream([&](cudaStream_t s) {
+    return start([&](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), nccl_op(op), comm_, s));
-    }, *done);
-    return std::make_unique<NcclWork>(done, device_);
+    });
   }
 
   bool callable_from_any_thread() const override { return true; }
@@ -228,12 +226,10 @@ class NcclCommunicator final : public Communicator {
     require_on_device(input, "reduce_scatter_async");
     if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
       throw Error(ExitCode::kInternal, "reduce_scatter: input must hold size() chunks of output's shape");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    enqueue_on_own_stream([&](cudaStream_t s) {
+    return start([&](cudaStream_t s) {
       NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(output),
                                    nccl_op(op), comm_, s));
-    }, *done);
-    return std::make_unique<NcclWork>(done, device_);
+    });
   }
 
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
@@ -251,11 +247,9 @@ class NcclCommunicator final : public Communicator {
     require_on_device(input, "all_gather_async");
     if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
       throw Error(ExitCode::kInternal, "all_gather: output must hold size() copies of input's shape");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    enqueue_on_own_stream([&](cudaStream_t s) {
+    return start([&](cudaStream_t s) {
       NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8, comm_, s));
-    }, *done);
-    return std::make_unique<NcclWork>(done, device_);
+    });
   }
 
   void broadcast(torch::Tensor& t, int root) override {
@@ -315,20 +309,16 @@ class NcclCommunicator final : public Communicator {
   // wait() makes its stream wait for them.
   std::unique_ptr<Work> exchange_async(std::vector<Transfer>& transfers) override {
     for (const Transfer& t : transfers) require_on_device(t.tensor, "exchange_async");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    enqueue_on_own_stream([&](cudaStream_t s) { enqueue_transfers(transfers, s); }, *done);
-    return std::make_unique<NcclWork>(done, device_);
+    return start([&](cudaStream_t s) { enqueue_transfers(transfers, s); });
   }
 
   // Queued on the communicator's own stream behind what was queued there before, so that it is
   // matched in posting order (NCCL has no tags); the caller's stream does not wait for it.
   std::unique_ptr<Work> send_async(const torch::Tensor& t, int peer, int) override {
     require_on_device(t, "send_async");
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    enqueue_on_own_stream([&](cudaStream_t s) {
+    return start([&](cudaStream_t s) {
       NCCL_CHECK(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, s));
-    }, *done);
-    return std::make_unique<NcclWork>(done, device_, t);
+    }, t);
   }
 
   // A communicator of its own (stream, watchdog), set up through an MPI communicator of the
@@ -383,6 +373,15 @@ class NcclCommunicator final : public Communicator {
   template <typename Enqueue>
   void run(Enqueue&& enqueue) {
     enqueue_on_own_stream(enqueue, last_done_, /*caller_waits=*/true);
+  }
+
+  // The operation on this communicator's own stream, the caller's stream not waiting for it: its
+  // Work, which keeps `kept` until the operation is done with it.
+  template <typename Enqueue>
+  std::unique_ptr<Work> start(Enqueue&& enqueue, torch::Tensor kept = {}) {
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    enqueue_on_own_stream(enqueue, *done);
+    return std::make_unique<NcclWork>(done, device_, std::move(kept));
   }
 
   // The operation on this communicator's own stream, after the work queued so far on the
