@@ -243,9 +243,9 @@ void PipelineExecutor::backward(const Schedule& schedule, const Action& a) {
 void PipelineExecutor::exchange(const Schedule& schedule, const std::vector<Action>& transfers, bool training,
                                 bool timed) {
   const torch::Device device = shape_.device;
-  // Training steps of a schedule whose sends do not wait go on the channels; the rest (and every
-  // evaluation) on the PP group, in groups that complete together.
-  PipelineChannels* channels = training && schedule.sends_without_waiting() ? channels_.get() : nullptr;
+  // A schedule whose sends do not wait goes on the channels; the others (evaluation's too) on the
+  // PP group, in groups that complete together.
+  PipelineChannels* channels = schedule.sends_without_waiting() ? channels_.get() : nullptr;
   std::vector<Transfer> group;
   std::vector<TransferId> ids;  // of the group's transfers
   std::vector<std::pair<Key, bool>> receives;  // (key, is activation) of the group's receives
