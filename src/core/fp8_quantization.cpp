@@ -1,12 +1,22 @@
 // Tiled FP8 quantization (fp8_quantization.h) with tensor operations over a zero-padded view of
-// whole tiles, on the tensors' own device; the elements by compat::to_e4m3.
+// whole tiles, on the tensors' own device; the elements by compat::to_e4m3, or on GPUs by core's
+// kernel (cuda/fp8_encode.h), which computes the same codes in one pass.
 #include "dstrain/core/fp8_quantization.h"
 
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "dstrain/core/torch_compat.h"
+
+#if defined(DSTRAIN_WITH_CUDA_KERNELS) && DSTRAIN_TORCH_AT_LEAST(2, 1)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda/fp8_encode.h"
+#endif
 
 namespace dstrain {
 namespace {
@@ -19,10 +29,13 @@ int64_t tiles(int64_t size, int64_t edge) { return (size + edge - 1) / edge; }
 torch::Tensor tiled(const torch::Tensor& x, int64_t tile_rows, int64_t tile_cols) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t row_tiles = tiles(rows, tile_rows), col_tiles = tiles(cols, tile_cols);
-  // (LibTorch refuses to pad an empty tensor, even by nothing: no rows is no tiles.)
+  // (Whole tiles need no padding, which would copy; LibTorch refuses to pad an empty tensor, even
+  // by nothing: no rows is no tiles.)
+  const bool whole = rows == row_tiles * tile_rows && cols == col_tiles * tile_cols;
   const torch::Tensor padded =
-      x.numel() == 0 ? x.new_zeros({row_tiles * tile_rows, col_tiles * tile_cols})
-                     : torch::constant_pad_nd(x, {0, col_tiles * tile_cols - cols, 0, row_tiles * tile_rows - rows}, 0);
+      whole            ? x
+      : x.numel() == 0 ? x.new_zeros({row_tiles * tile_rows, col_tiles * tile_cols})
+                       : torch::constant_pad_nd(x, {0, col_tiles * tile_cols - cols, 0, row_tiles * tile_rows - rows}, 0);
   return padded.reshape({row_tiles, tile_rows, col_tiles, tile_cols});
 }
 
@@ -33,21 +46,63 @@ torch::Tensor untiled(const torch::Tensor& view, int64_t rows, int64_t cols) {
       .narrow(1, 0, cols);
 }
 
+// Each tile's largest magnitude, NaN where the tile holds one: float32 [row tiles, col tiles], by
+// one reduction over the values in their own dtype (a maximum rounds nothing; fp64 is rounded
+// first, as the quotients' values are).
+torch::Tensor largest_magnitudes(const torch::Tensor& x, int64_t tile_rows, int64_t tile_cols) {
+  const bool own_dtype = x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16 ||
+                         x.scalar_type() == torch::kHalf;
+  const torch::Tensor view = tiled(own_dtype ? x : x.to(torch::kFloat32), tile_rows, tile_cols);
+  return at::linalg_vector_norm(view, std::numeric_limits<double>::infinity(), {1, 3}).to(torch::kFloat32);
+}
+
+#if defined(DSTRAIN_WITH_CUDA_KERNELS) && DSTRAIN_TORCH_AT_LEAST(2, 1)
+std::optional<cuda::Fp8Source> kernel_source(const torch::Tensor& x) {
+  if (!x.is_cuda()) return std::nullopt;
+  switch (x.scalar_type()) {
+    case torch::kFloat32: return cuda::Fp8Source::kFloat32;
+    case torch::kBFloat16: return cuda::Fp8Source::kBFloat16;
+    case torch::kHalf: return cuda::Fp8Source::kFloat16;
+    default: return std::nullopt;
+  }
+}
+
+// The codes by core's kernel (cuda/fp8_encode.h): one pass over x.
+torch::Tensor encoded_by_kernel(const torch::Tensor& x, cuda::Fp8Source source, const torch::Tensor& scales,
+                                int64_t tile_rows, int64_t tile_cols) {
+  const torch::Tensor values = x.contiguous(), scale_values = scales.contiguous();
+  torch::Tensor codes = torch::empty(x.sizes(), x.options().dtype(torch::kUInt8));
+  const c10::cuda::CUDAGuard guard(x.device());
+  C10_CUDA_CHECK(cuda::fp8_encode(values.data_ptr(), source, x.size(0), x.size(1), scale_values.data_ptr<float>(),
+                                  {tile_rows, tile_cols, scales.size(1)}, codes.data_ptr<uint8_t>(),
+                                  at::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+  return codes.view(torch::kFloat8_e4m3fn);
+}
+#endif
+
+// The codes of x / its tile's scale by LibTorch operations, over fp32 copies.
+torch::Tensor encoded_by_operations(const torch::Tensor& x, const torch::Tensor& scales, int64_t tile_rows,
+                                    int64_t tile_cols) {
+  const torch::Tensor quotient = tiled(x.to(torch::kFloat32), tile_rows, tile_cols) / scales.unsqueeze(1).unsqueeze(3);
+  return compat::to_e4m3(untiled(quotient, x.size(0), x.size(1)));
+}
+
 }  // namespace
 
 Fp8Tensor fp8_quantize(const torch::Tensor& x, Fp8Tile tile) {
   if (x.dim() != 2) throw std::invalid_argument("fp8_quantize: a " + std::to_string(x.dim()) + "-D tensor; 2-D only");
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const int64_t tile_rows = extent(tile.rows, rows), tile_cols = extent(tile.cols, cols);
-  const torch::Tensor view = tiled(x.to(torch::kFloat32), tile_rows, tile_cols);
-  const torch::Tensor largest = view.abs().amax({1, 3});  // NaN where a tile holds one
+  const int64_t tile_rows = extent(tile.rows, x.size(0)), tile_cols = extent(tile.cols, x.size(1));
+  const torch::Tensor largest = largest_magnitudes(x, tile_rows, tile_cols);
   torch::Tensor scales = largest / kE4M3Max;
   // An all-zero tile gets 1; one so small that its scale underflows, the smallest positive float.
   scales = torch::where(largest == 0, torch::ones_like(scales), scales);
   scales = torch::where((scales == 0) & (largest > 0),
                         torch::full_like(scales, std::numeric_limits<float>::denorm_min()), scales);
-  const torch::Tensor quotient = view / scales.unsqueeze(1).unsqueeze(3);
-  return {compat::to_e4m3(untiled(quotient, rows, cols)), scales, tile};
+#if defined(DSTRAIN_WITH_CUDA_KERNELS) && DSTRAIN_TORCH_AT_LEAST(2, 1)
+  if (const std::optional<cuda::Fp8Source> source = kernel_source(x))
+    return {encoded_by_kernel(x, *source, scales, tile_rows, tile_cols), scales, tile};
+#endif
+  return {encoded_by_operations(x, scales, tile_rows, tile_cols), scales, tile};
 }
 
 torch::Tensor fp8_dequantize(const Fp8Tensor& q) {
@@ -56,5 +111,7 @@ torch::Tensor fp8_dequantize(const Fp8Tensor& q) {
   const torch::Tensor view = tiled(compat::from_e4m3(q.codes), tile_rows, tile_cols);
   return untiled(view * q.scales.unsqueeze(1).unsqueeze(3), rows, cols).contiguous();
 }
+
+Fp8Tensor fp8_transposed(const Fp8Tensor& q) { return {q.codes.t(), q.scales.t(), {q.tile.cols, q.tile.rows}}; }
 
 }  // namespace dstrain

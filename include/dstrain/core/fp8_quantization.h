@@ -38,5 +38,7 @@ struct Fp8Tensor {
 Fp8Tensor fp8_quantize(const torch::Tensor& x, Fp8Tile tile);
 // The float32 values `q` stands for.
 torch::Tensor fp8_dequantize(const Fp8Tensor& q);
+// `q` transposed, codes and scales (views): a quantization in r×c tiles becomes one in c×r tiles.
+Fp8Tensor fp8_transposed(const Fp8Tensor& q);
 
 }  // namespace dstrain
