@@ -44,6 +44,9 @@ stage "ctest gpu" ctest --test-dir "$build" -L gpu --output-on-failure -j 2
 # The routed experts' grouped product against one product per expert (train.grouped_experts).
 stage "grouped experts (V2-Lite shapes)" env DSTRAIN="$build/dstrain" bash -c 'set -o pipefail; bench/grouped_experts.sh | tee "$0"' \
   "$results/grouped_experts.txt"
+# FP8 training's recipes against bf16 (train.fp8): the 1B step and the V2-Lite-shaped MoE step.
+stage "fp8 (1B, V2-Lite shapes)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results" \
+  bash -c 'set -o pipefail; bench/fp8.sh | tee "$0"' "$results/fp8.txt"
 stage "bench step (1B, bf16)" env DSTRAIN="$build/dstrain" RESULTS_DIR="$results" bench/compare_pytorch.sh
 # What dstrain's own kernels gain: the 4 x 2 step again with LibTorch's operations instead.
 stage "bench step, LibTorch ops" "$build/dstrain" bench step --config input/deepseek-llm-1b.ini \
@@ -77,5 +80,5 @@ stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory
 stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Skipped|^dstrain |^pytorch |tok/s" "$log" | tail -40
 head -24 "$results"/profile_1b.md "$results"/profile_moe.md 2>/dev/null
-cat "$results"/grouped_experts.txt "$results"/recompute_gpu.txt "$results"/pipeline_schedules_cpu.txt 2>/dev/null
+cat "$results"/grouped_experts.txt "$results"/fp8.txt "$results"/recompute_gpu.txt "$results"/pipeline_schedules_cpu.txt 2>/dev/null
 printf '%s\n' "${summary[@]}"

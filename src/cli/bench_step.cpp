@@ -14,6 +14,7 @@
 #include "dstrain/parallel/mpi_check.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
+#include "dstrain/model/fp8_matmul.h"
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/recompute.h"
@@ -95,6 +96,9 @@ nlohmann::json step(Options o) {
                         {"cuda_kernels", cuda_kernels_built() && o.get_bool("train.cuda_kernels") && on_gpu},
                         {"grouped_experts", grouped_matmul_built() && o.get_bool("train.grouped_experts") && on_gpu &&
                                                 model.n_routed_experts > 0},
+                        // train.fp8, and whether its products go to LibTorch's FP8 kernel (fp8_matmul.h)
+                        {"fp8", o.raw("train.fp8")},
+                        {"fp8_kernel", fp8_matmul_built() && o.raw("train.fp8") != "none" && on_gpu},
                         {"params", count_parameters(model).total},
                         {"seq_len", seq},
                         {"flops_per_token", training_flops_per_token(model, seq)},

@@ -56,6 +56,10 @@ std::string device_uuid(int index) {
 int64_t device_total_memory(int index) {
   return static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
 }
+int compute_capability(int index) {
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(index);
+  return 10 * properties->major + properties->minor;
+}
 void set_current_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
 void synchronize(const torch::Device& device) {
   if (device.is_cuda()) c10::cuda::device_synchronize();
@@ -101,6 +105,7 @@ int64_t device_peak_window_bytes(const torch::Device& device) {
 std::string device_name(int) { return "cpu"; }
 std::string device_uuid(int) { return std::string(16, '\0'); }
 int64_t device_total_memory(int) { return 0; }
+int compute_capability(int) { return 0; }
 void set_current_device(int) {}
 void synchronize(const torch::Device&) {}
 HostSyncForbidden::HostSyncForbidden(bool active) : active_(active) {}

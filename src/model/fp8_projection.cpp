@@ -27,6 +27,7 @@ struct Fp8Call {
 void save_call(AutogradContext* ctx, const Fp8Call& call) {
   ctx->saved_data["recipe"] = static_cast<int64_t>(call.products.recipe);
   ctx->saved_data["weights"] = reinterpret_cast<int64_t>(call.products.weights);
+  ctx->saved_data["kernel"] = reinterpret_cast<int64_t>(call.products.kernel);
   if (call.deferred_weight.defined()) {
     ctx->saved_data["deferred_weight"] = call.deferred_weight;
     ctx->saved_data["deferral"] = reinterpret_cast<int64_t>(call.products.deferral);
@@ -46,6 +47,7 @@ Fp8Tiling saved_tiling(AutogradContext* ctx) {
 Fp8WeightCache& saved_cache(AutogradContext* ctx) {
   return *reinterpret_cast<Fp8WeightCache*>(ctx->saved_data["weights"].toInt());
 }
+Fp8Matmul* saved_kernel(AutogradContext* ctx) { return reinterpret_cast<Fp8Matmul*>(ctx->saved_data["kernel"].toInt()); }
 
 // The weight's gradient: left to the W action when deferred (undefined returned), else computed.
 torch::Tensor weight_gradient(AutogradContext* ctx, std::function<torch::Tensor()> gradient) {
@@ -73,7 +75,7 @@ class Fp8Projection : public torch::autograd::Function<Fp8Projection> {
     save_call(ctx, call);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
-    return fp8_output(kept, w).to(x.scalar_type()).view(shape);
+    return fp8_output(kept, w, call.products.kernel).to(x.scalar_type()).view(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -81,14 +83,16 @@ class Fp8Projection : public torch::autograd::Function<Fp8Projection> {
     const Fp8Tiling tiling = saved_tiling(ctx);
     const torch::Tensor dy = grad_outputs[0].reshape({-1, weight.size(0)});
     const Fp8Tensor kept{ctx->saved_data["x_codes"].toTensor(), ctx->saved_data["x_scales"].toTensor(), tiling.input};
+    Fp8Matmul* kernel = saved_kernel(ctx);
     torch::Tensor dx;
     if (ctx->needs_input_grad(0))
-      dx = fp8_input_gradient(dy, saved_cache(ctx).quantized(weight, tiling.weight_for_input_grad), tiling.output_grad)
+      dx = fp8_input_gradient(dy, saved_cache(ctx).quantized(weight, tiling.weight_for_input_grad), tiling.output_grad,
+                              kernel)
                .to(ctx->saved_data["x_dtype"].toScalarType())
                .view(ctx->saved_data["x_shape"].toIntVector());
     const torch::ScalarType dtype = weight.scalar_type();
-    torch::Tensor dw = weight_gradient(ctx, [dy, kept, tiling, dtype] {
-      return fp8_weight_gradient(dy, kept, tiling).to(dtype);
+    torch::Tensor dw = weight_gradient(ctx, [dy, kept, tiling, dtype, kernel] {
+      return fp8_weight_gradient(dy, kept, tiling, kernel).to(dtype);
     });
     return {dx, dw, torch::Tensor()};
   }
@@ -105,7 +109,7 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
     for_each_expert_with_rows(call.rows_per_expert, [&](int64_t e, int64_t start, int64_t n) {
       const Fp8Tensor kept = kept_input(call.products, rows, e, rows.narrow(0, start, n), tiling.input);
       const Fp8Tensor w = call.products.weights->quantized(weights, e, tiling.weight);
-      out.narrow(0, start, n).copy_(fp8_output(kept, w));
+      out.narrow(0, start, n).copy_(fp8_output(kept, w, call.products.kernel));
       codes[e] = kept.codes;
       scales[e] = kept.scales;
     });
@@ -125,22 +129,23 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const std::vector<torch::Tensor> codes = ctx->saved_data["x_codes"].toTensorVector();
     const std::vector<torch::Tensor> scales = ctx->saved_data["x_scales"].toTensorVector();
+    Fp8Matmul* kernel = saved_kernel(ctx);
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       dx = torch::empty({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
       Fp8WeightCache& cache = saved_cache(ctx);
       for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
         const Fp8Tensor w = cache.quantized(weights, e, tiling.weight_for_input_grad);
-        dx.narrow(0, start, n).copy_(fp8_input_gradient(dy.narrow(0, start, n), w, tiling.output_grad));
+        dx.narrow(0, start, n).copy_(fp8_input_gradient(dy.narrow(0, start, n), w, tiling.output_grad, kernel));
       });
     }
     const std::vector<int64_t> shape = weights.sizes().vec();
     const torch::TensorOptions options = weights.options();
-    torch::Tensor dw = weight_gradient(ctx, [dy, codes, scales, counts, tiling, shape, options] {
+    torch::Tensor dw = weight_gradient(ctx, [dy, codes, scales, counts, tiling, shape, options, kernel] {
       torch::Tensor result = torch::zeros(shape, options);  // zero for an expert without rows
       for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
         const Fp8Tensor kept{codes[static_cast<size_t>(e)], scales[static_cast<size_t>(e)], tiling.input};
-        result.select(0, e).copy_(fp8_weight_gradient(dy.narrow(0, start, n), kept, tiling));
+        result.select(0, e).copy_(fp8_weight_gradient(dy.narrow(0, start, n), kept, tiling, kernel));
       });
       return result;
     });

@@ -19,6 +19,7 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, in
       grouped_(options.grouped_matmul),
       deferral_(options.deferral),
       fp8_(options.fp8),
+      fp8_kernel_(options.fp8_matmul),
       fp8_weights_(std::make_unique<Fp8WeightCache>()),
       fp8_inputs_(std::make_unique<Fp8InputShare>()) {
   gate_proj_ = register_parameter("gate_proj", torch::zeros({experts, intermediate, hidden}));
@@ -29,7 +30,8 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, in
 torch::Tensor GroupedExpertsImpl::project(const torch::Tensor& rows, const torch::Tensor& weights,
                                           const std::vector<int64_t>& counts) {
   if (fp8_ != Fp8Recipe::kNone)
-    return fp8_grouped_projection(rows, weights, counts, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get()});
+    return fp8_grouped_projection(rows, weights, counts,
+                                  {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get(), fp8_kernel_.get()});
   return grouped_projection(rows, weights, counts, grouped_.get(), deferral_);
 }
 

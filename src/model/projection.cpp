@@ -48,17 +48,19 @@ torch::Tensor projection_weight_gradient(const torch::Tensor& grad_output, const
 }
 
 ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral,
-                               Fp8Recipe fp8, std::shared_ptr<Fp8InputShare> fp8_inputs)
+                               Fp8Recipe fp8, std::shared_ptr<Fp8InputShare> fp8_inputs,
+                               std::shared_ptr<Fp8Matmul> fp8_kernel)
     : deferral_(deferral),
       fp8_(fp8),
       fp8_weights_(std::make_unique<Fp8WeightCache>()),
-      fp8_inputs_(std::move(fp8_inputs)) {
+      fp8_inputs_(std::move(fp8_inputs)),
+      fp8_kernel_(std::move(fp8_kernel)) {
   weight = register_parameter("weight", torch::zeros({out_features, in_features}));
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
   if (fp8_ != Fp8Recipe::kNone)
-    return fp8_projection(x, weight, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get()});
+    return fp8_projection(x, weight, {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get(), fp8_kernel_.get()});
   if (WeightGradientDeferral* deferral = deferral_for(x))
     return DeferredWeightProjection::apply(x, weight.detach(), DeferredWeight{weight, deferral});
   return torch::nn::functional::linear(x, weight);
@@ -74,7 +76,8 @@ WeightGradientDeferral* ProjectionImpl::deferral_for(const torch::Tensor& x) con
 
 Projection layer_projection(int64_t in_features, int64_t out_features, const ComputeOptions& options,
                             std::shared_ptr<Fp8InputShare> same_input) {
-  return Projection(in_features, out_features, options.deferral, options.fp8, std::move(same_input));
+  return Projection(in_features, out_features, options.deferral, options.fp8, std::move(same_input),
+                    options.fp8_matmul);
 }
 
 }  // namespace dstrain

@@ -5,6 +5,7 @@
 #include "dstrain/ckpt/format.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/log.h"
+#include "dstrain/model/fp8_matmul.h"
 #include "dstrain/model/grouped_matmul.h"
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/parallel/context_parallel_collectives.h"
@@ -81,6 +82,7 @@ ComputeOptions compute_options(const LoopConfig& loop) {
   options.cuda_kernels = loop.cuda_kernels && cuda_kernels_built();
   options.fp8 = loop.fp8;
   if (loop.grouped_experts && grouped_matmul_built()) options.grouped_matmul = std::make_shared<GroupedMatmul>();
+  if (loop.fp8 != Fp8Recipe::kNone && fp8_matmul_built()) options.fp8_matmul = std::make_shared<Fp8Matmul>();
   return options;
 }
 

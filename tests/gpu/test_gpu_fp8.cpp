@@ -1,4 +1,9 @@
-// FP8 training on GPUs. Quantization there gives the CPU's codes and scales.
+// FP8 training on GPUs. Quantization there gives the CPU's codes and scales. The products on
+// LibTorch's FP8 kernel (model/fp8_matmul.h) match the emulation (model/fp8_products.h) on the
+// same quantized operands, for every recipe, at the shapes of the 1B preset's and V2-Lite's linear
+// maps: the kernel's bf16 result within 1e-3 (relative, Frobenius) of the emulation's rounded to
+// bf16. Each shape must take the kernel: a refusal, or a fallback after LibTorch threw, fails the
+// test rather than comparing the emulation with itself.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -6,18 +11,56 @@
 #include <vector>
 
 #include "dstrain/core/accelerator.h"
-#include "dstrain/core/fp8_quantization.h"
+#include "dstrain/core/torch_compat.h"
+#include "dstrain/model/fp8_matmul.h"
+#include "dstrain/model/fp8_products.h"
+#include "dstrain/model/fp8_projection.h"
 
 using namespace dstrain;
 
 namespace {
 
+const std::vector<Fp8Recipe> kRecipes = {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise, Fp8Recipe::kBlockwise};
+
+struct LinearShape {
+  const char* name;
+  int64_t in, out;
+};
+
+// The linear maps of the 1B preset (input/deepseek-llm-1b.ini) and of V2-Lite's MLA and experts;
+// K = 5,504 (43 blocks of 128) is where the unpadded block scales went wrong.
+const std::vector<LinearShape> kShapes = {
+    {"1B q/k/v/o", 2048, 2048},     {"1B gate/up", 2048, 5504},        {"1B down", 5504, 2048},
+    {"V2-Lite q", 2048, 3072},      {"V2-Lite kv_a (576 = 4.5 blocks)", 2048, 576},
+    {"V2-Lite kv_b", 512, 4096},    {"V2-Lite expert gate/up", 2048, 1408}, {"V2-Lite expert down", 1408, 2048},
+};
+
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  const torch::Tensor g = got.to(torch::kFloat64), w = want.to(torch::kFloat64);
+  return ((g - w).norm() / w.norm()).item<double>();
+}
+
+std::string recipe_name(Fp8Recipe recipe) { return name_of(fp8_recipe_names(), recipe); }
+
 class GpuFp8 : public ::testing::Test {
  protected:
   void SetUp() override {
     if (accel::device_count() == 0) GTEST_SKIP() << "no GPU on this machine";
+    if (!fp8_matmul_built()) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no FP8 product (2.10 and later)";
+    if (accel::compute_capability(0) < 89) GTEST_SKIP() << "this GPU has no FP8 tensor cores";
   }
 };
+
+// One product on the kernel and emulated; the kernel must have taken it.
+void expect_kernel_matches_emulation(const Fp8Tensor& a, const Fp8Tensor& b, Fp8Matmul& kernel,
+                                     const std::string& what) {
+  ASSERT_EQ(fp8_matmul_refusal(a, b), "") << what;
+  const torch::Tensor got = fp8_product(a, b, &kernel);
+  ASSERT_FALSE(kernel.refused()) << what;
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << what << ": the emulation's float32, not the kernel's bf16";
+  const torch::Tensor want = fp8_product(a, b, nullptr).to(torch::kBFloat16);
+  EXPECT_LE(relative_error(got, want), 1e-3) << what;
+}
 
 }  // namespace
 
@@ -41,4 +84,58 @@ TEST_F(GpuFp8, QuantizationOnTheGpuGivesTheCpusCodesAndScales) {
       EXPECT_TRUE(torch::equal(torch::isnan(gpu_scales), torch::isnan(cpu.scales))) << what;
       EXPECT_TRUE(torch::equal(torch::nan_to_num(gpu_scales), torch::nan_to_num(cpu.scales))) << what;
     }
+}
+
+TEST_F(GpuFp8, EveryProductOfEveryRecipeMatchesTheEmulationAtThePresetsShapes) {
+  if (accel::compute_capability(0) / 10 != 9) GTEST_SKIP() << "blockwise tiles run on compute capability 9.x only";
+  torch::manual_seed(11);
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const int64_t tokens = 4096;
+  Fp8Matmul kernel;
+  for (Fp8Recipe recipe : kRecipes)
+    for (const LinearShape& shape : kShapes) {
+      const Fp8Tiling tiling = fp8_tiling(recipe);
+      const std::string what = recipe_name(recipe) + ", " + shape.name;
+      const torch::Tensor x = torch::randn({tokens, shape.in}, bf16);
+      const torch::Tensor w = torch::randn({shape.out, shape.in}, bf16) * 0.02;
+      const torch::Tensor dy = torch::randn({tokens, shape.out}, bf16) * 1e-3;
+      const Fp8Tensor kept = fp8_quantize(x, tiling.input);
+      // The three products' operands as fp8_products.cpp forms them.
+      expect_kernel_matches_emulation(kept, fp8_quantize(w, tiling.weight), kernel, what + ", forward");
+      expect_kernel_matches_emulation(fp8_quantize(dy, tiling.output_grad),
+                                      fp8_transposed(fp8_quantize(w, tiling.weight_for_input_grad)), kernel,
+                                      what + ", input gradient");
+      expect_kernel_matches_emulation(fp8_transposed(fp8_quantize(dy, tiling.output_grad_for_weight)),
+                                      fp8_transposed(fp8_quantize(x, tiling.input_for_weight)), kernel,
+                                      what + ", weight gradient");
+    }
+}
+
+// Routed experts: row counts of no multiple of 16 (the weight gradient's K), one row, and an
+// expert without rows, forward and backward through fp8_grouped_projection, kernel against emulation.
+TEST_F(GpuFp8, ExpertsWithAnyNumberOfRowsMatchTheEmulation) {
+  torch::manual_seed(12);
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const std::vector<int64_t> counts = {100, 0, 1, 256, 37};
+  const int64_t rows = 394, in = 2048, out = 1408, experts = static_cast<int64_t>(counts.size());
+  for (Fp8Recipe recipe : kRecipes) {
+    if (recipe == Fp8Recipe::kBlockwise && accel::compute_capability(0) / 10 != 9) continue;
+    const torch::Tensor x = torch::randn({rows, in}, bf16), dy = torch::randn({rows, out}, bf16) * 1e-3;
+    const torch::Tensor stack = torch::randn({experts, out, in}, bf16) * 0.02;
+    std::vector<torch::Tensor> results;
+    Fp8Matmul kernel;
+    for (Fp8Matmul* used : {&kernel, static_cast<Fp8Matmul*>(nullptr)}) {
+      Fp8WeightCache cache;
+      const torch::Tensor xi = x.clone().requires_grad_(), wi = stack.clone().requires_grad_();
+      const torch::Tensor y = fp8_grouped_projection(xi, wi, counts, {recipe, &cache, nullptr, nullptr, used});
+      y.backward(dy);
+      results.insert(results.end(), {y.detach(), xi.grad(), wi.grad()});
+    }
+    const std::string what = recipe_name(recipe);
+    ASSERT_FALSE(kernel.refused()) << what;
+    EXPECT_LE(relative_error(results[0], results[3].to(torch::kBFloat16)), 1e-3) << what << ", output";
+    EXPECT_LE(relative_error(results[1], results[4].to(torch::kBFloat16)), 1e-3) << what << ", input gradient";
+    EXPECT_LE(relative_error(results[2], results[5].to(torch::kBFloat16)), 1e-3) << what << ", weight gradient";
+    EXPECT_EQ(results[2].select(0, 1).abs().max().item<float>(), 0.0f) << what << ": the expert without rows";
+  }
 }

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/fp8_matmul.h"
+#include "dstrain/model/fp8_products.h"
 #include "dstrain/model/fp8_projection.h"
 #include "dstrain/core/fp8_quantization.h"
 #include "dstrain/model/fp8_recipe.h"
@@ -331,4 +333,38 @@ TEST(Fp8InputShare, ProjectionsOfOneInputKeepOneCopy) {
   x.mul_(2);
   EXPECT_FALSE(share.quantized(x, -1, x, {1, 128}).codes.is_same(first.codes));
   EXPECT_EQ(share.made(), 2);
+}
+
+// The products take both operands tiled along K: a quantization across K (the weight in the input
+// gradient, dy and x in the weight gradient) enters transposed, as the quantization of the
+// transposed tensor in the transposed tiles.
+TEST(Fp8Quantization, ATransposedQuantizationIsThatOfTheTransposedTensor) {
+  torch::manual_seed(13);
+  const torch::Tensor x = torch::randn({200, 300}) * torch::rand({200, 1}) * 10;
+  for (Fp8Tile tile : std::vector<Fp8Tile>{{0, 0}, {1, 0}, {0, 1}, {1, 128}, {128, 1}, {128, 128}}) {
+    const std::string what = std::to_string(tile.rows) + "x" + std::to_string(tile.cols);
+    const Fp8Tensor transposed = fp8_transposed(fp8_quantize(x, tile));
+    const Fp8Tensor of_transpose = fp8_quantize(x.t(), {tile.cols, tile.rows});
+    EXPECT_EQ(transposed.tile, of_transpose.tile) << what;
+    EXPECT_TRUE(torch::equal(compat::from_e4m3(transposed.codes), compat::from_e4m3(of_transpose.codes))) << what;
+    EXPECT_TRUE(torch::equal(transposed.scales, of_transpose.scales)) << what;
+    expect_same_values(fp8_dequantize(transposed), reference_values(x.t(), {tile.cols, tile.rows}), what);
+  }
+}
+
+// Where LibTorch's FP8 kernel cannot run (the CPU; LibTorch before 2.10) it says why and returns
+// nothing, without refusing for later calls; the products given it are then the emulation's.
+TEST(Fp8Matmul, WhereItCannotRunItSaysWhyAndTheProductsAreEmulated) {
+  torch::manual_seed(14);
+  const Fp8Tensor a = fp8_quantize(torch::randn({48, 256}), {1, 128});
+  const Fp8Tensor b = fp8_quantize(torch::randn({32, 256}), {128, 128});
+  const std::string why = fp8_matmul_refusal(a, b);
+  EXPECT_NE(why.find(fp8_matmul_built() ? "not on a GPU" : "2.10"), std::string::npos) << why;
+  Fp8Matmul kernel;
+  EXPECT_FALSE(kernel(a, b).defined());
+  EXPECT_FALSE(kernel.refused());
+  const torch::Tensor product = fp8_product(a, b, &kernel);
+  EXPECT_EQ(product.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(product, fp8_product(a, b, nullptr)));
+  EXPECT_TRUE(torch::allclose(product, fp8_dequantize(a).mm(fp8_dequantize(b).t())));
 }

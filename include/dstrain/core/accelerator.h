@@ -18,6 +18,8 @@ std::string device_name(int index);
 // CUDA_VISIBLE_DEVICES numbers it there.
 std::string device_uuid(int index);
 int64_t device_total_memory(int index);
+// CUDA's compute capability as major × 10 + minor (90: H100 and H200); 0 without CUDA.
+int compute_capability(int index);
 // What the host's processes can still take without swapping (Linux's MemAvailable); 0 where /proc
 // does not say.
 int64_t host_available_bytes();

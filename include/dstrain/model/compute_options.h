@@ -14,6 +14,7 @@ namespace dstrain {
 
 class ExpertExchange;          // expert_exchange.h
 class GroupedMatmul;           // grouped_matmul.h
+class Fp8Matmul;               // fp8_matmul.h
 class TensorParallelGroup;     // tensor_parallel.h
 class ContextParallelGroup;    // context_parallel.h
 class WeightGradientDeferral;  // weight_gradient_deferral.h
@@ -32,6 +33,9 @@ struct ComputeOptions {
   // train.fp8: the decoder layers' linear maps (projections, dense MLPs, shared and routed
   // experts) compute in FP8 with this recipe (fp8_recipe.h); none: in the parameters' dtype.
   Fp8Recipe fp8 = Fp8Recipe::kNone;
+  // With fp8: its products on LibTorch's FP8 kernel where it applies (shared by the chunk's layers,
+  // which stop trying together when LibTorch refuses it); nullptr: emulated (fp8_products.h).
+  std::shared_ptr<Fp8Matmul> fp8_matmul;
   // Zero-bubble schedules: where the products leave their weight gradients for the W action
   // (pipeline/weight_gradient_store.h); nullptr: never deferred.
   WeightGradientDeferral* deferral = nullptr;

@@ -22,6 +22,7 @@
 
 #include "dstrain/model/compute_options.h"
 #include "dstrain/model/fp8_input_share.h"
+#include "dstrain/model/fp8_matmul.h"
 #include "dstrain/model/fp8_weight_cache.h"
 #include "dstrain/model/grouped_matmul.h"
 
@@ -48,6 +49,7 @@ class GroupedExpertsImpl : public torch::nn::Module {
   std::shared_ptr<GroupedMatmul> grouped_;
   WeightGradientDeferral* deferral_;
   Fp8Recipe fp8_;
+  std::shared_ptr<Fp8Matmul> fp8_kernel_;
   std::unique_ptr<Fp8WeightCache> fp8_weights_;
   std::unique_ptr<Fp8InputShare> fp8_inputs_;  // gate and up read the same rows
   torch::Tensor gate_proj_, up_proj_, down_proj_;

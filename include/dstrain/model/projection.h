@@ -12,6 +12,7 @@
 
 #include "dstrain/model/compute_options.h"
 #include "dstrain/model/fp8_input_share.h"
+#include "dstrain/model/fp8_matmul.h"
 #include "dstrain/model/fp8_recipe.h"
 #include "dstrain/model/fp8_weight_cache.h"
 #include "dstrain/model/weight_gradient_deferral.h"
@@ -23,8 +24,10 @@ class ProjectionImpl : public torch::nn::Module {
   // `deferral`: where its weight gradient may go (ComputeOptions::deferral); nullptr: never deferred.
   // `fp8`: ComputeOptions::fp8 for the decoder layers' projections; none for those kept in
   // train.precision. `fp8_inputs`: shared by the projections that read the same input.
+  // `fp8_kernel`: ComputeOptions::fp8_matmul (nullptr: the products emulated).
   ProjectionImpl(int64_t in_features, int64_t out_features, WeightGradientDeferral* deferral = nullptr,
-                 Fp8Recipe fp8 = Fp8Recipe::kNone, std::shared_ptr<Fp8InputShare> fp8_inputs = nullptr);
+                 Fp8Recipe fp8 = Fp8Recipe::kNone, std::shared_ptr<Fp8InputShare> fp8_inputs = nullptr,
+                 std::shared_ptr<Fp8Matmul> fp8_kernel = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   // Whether its products are FP8 ones, which only it computes (plain ones others may fuse:
   // tensor_parallel_projections.h).
@@ -40,6 +43,7 @@ class ProjectionImpl : public torch::nn::Module {
   Fp8Recipe fp8_;
   std::unique_ptr<Fp8WeightCache> fp8_weights_;
   std::shared_ptr<Fp8InputShare> fp8_inputs_;
+  std::shared_ptr<Fp8Matmul> fp8_kernel_;
 };
 TORCH_MODULE(Projection);
 
