@@ -4,6 +4,9 @@
 //   multiples of 16, any M; E4M3 operands; no fast accumulation, so products sum in fp32;
 // - tensorwise and rowwise through aten::_scaled_mm, whose scales' shapes say the scaling: one
 //   element each, or [M, 1] and [1, N];
+// - experts through aten::_scaled_grouped_mm: a [Σ rows, K] row-major with a scale a row,
+//   b [experts, K, N] column-major (each expert's [N, K] transposed) with scales [experts, N],
+//   the groups by the int32 ends of their rows on the device; at most 1,023 groups;
 // - blockwise through aten::_scaled_mm_v2 (LibTorch 2.10), which is told the tiles instead:
 //   a's 1×128 scales [M, ⌈K/128⌉] column-major; b's 128×128 block scales [L4, ⌈N/128⌉]
 //   column-major, L4 = ⌈K/128⌉ rounded up to 4, which cuBLASLt reads (the older form takes no
@@ -26,6 +29,7 @@ namespace {
 
 constexpr bool kHasScaledMm = DSTRAIN_TORCH_AT_LEAST(2, 10);
 constexpr int64_t kAlignment = 16;  // elements of K and N
+constexpr size_t kMostGroups = 1023;
 constexpr int64_t kEdge = kFp8TileEdge;
 
 enum class Form { kNone, kTensorwise, kRowwise, kBlocks, kTiles };  // kBlocks: b 128×128; kTiles: b 1×128
@@ -44,6 +48,22 @@ std::string tile_name(Fp8Tile t) {
   return side(t.rows) + "×" + side(t.cols);
 }
 
+// Whether `q` has a scale for each row: one tile, or a tile a row.
+bool one_scale_a_row(const Fp8Tensor& q) { return q.tile == Fp8Tile{0, 0} || q.tile == Fp8Tile{1, 0}; }
+// That scale for each row: float32 [rows].
+torch::Tensor row_scales(const Fp8Tensor& q) {
+  return q.scales.reshape({-1, 1}).expand({q.codes.size(0), 1}).reshape({-1});
+}
+
+// E4M3 codes joined along a new first dimension (stack) or the first (cat), as bytes: LibTorch's
+// joins need not take float8.
+torch::Tensor joined(const std::vector<torch::Tensor>& codes, bool stack) {
+  std::vector<torch::Tensor> bytes;
+  for (const torch::Tensor& c : codes) bytes.push_back(c.contiguous().view(torch::kUInt8));
+  return (stack ? torch::stack(bytes) : torch::cat(bytes)).view(codes.front().scalar_type());
+}
+
+#if DSTRAIN_TORCH_AT_LEAST(2, 10)
 int64_t ceil_div(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
 // `codes` [rows, K] with zero columns up to a multiple of 16: zero codes add nothing to the sums
@@ -58,7 +78,6 @@ torch::Tensor padded_along_k(const torch::Tensor& codes) {
 // `scales` [rows, columns] laid out column-major, the layout LibTorch reads per-tile scales in.
 torch::Tensor column_major(const torch::Tensor& scales) { return scales.t().contiguous().t(); }
 
-#if DSTRAIN_TORCH_AT_LEAST(2, 10)
 torch::Tensor scaled_mm(const torch::Tensor& a, const torch::Tensor& b_t, const torch::Tensor& scale_a,
                         const torch::Tensor& scale_b) {
   return at::_scaled_mm(a, b_t, scale_a, scale_b, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
@@ -78,6 +97,17 @@ torch::Tensor scaled_mm_blockwise(const torch::Tensor& a, const torch::Tensor& b
                            /*bias=*/std::nullopt, torch::kBFloat16);
 }
 #endif
+
+torch::Tensor call_grouped_kernel(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& scale_a,
+                                  const torch::Tensor& scale_b, const torch::Tensor& ends) {
+#if DSTRAIN_TORCH_AT_LEAST(2, 10)
+  return at::_scaled_grouped_mm(a, b.transpose(-2, -1), scale_a, scale_b, ends, /*bias=*/std::nullopt,
+                                /*scale_result=*/std::nullopt, torch::kBFloat16, /*use_fast_accum=*/false);
+#else
+  (void)a, (void)b, (void)scale_a, (void)scale_b, (void)ends;
+  throw std::logic_error("aten::_scaled_grouped_mm needs LibTorch 2.10 here");
+#endif
+}
 
 torch::Tensor call_kernel(const Fp8Tensor& a, const Fp8Tensor& b, Form form) {
 #if DSTRAIN_TORCH_AT_LEAST(2, 10)
@@ -135,6 +165,46 @@ torch::Tensor Fp8Matmul::operator()(const Fp8Tensor& a, const Fp8Tensor& b) {
     if (!refused_.exchange(true))
       log::warning("LibTorch's FP8 matrix product (aten::_scaled_mm) failed, so FP8 products are emulated in fp32 "
                    "from now on: ",
+                   e.what());
+    return {};
+  }
+}
+
+bool Fp8Matmul::groups(const torch::Tensor& rows) const {
+  return kHasScaledMm && rows.is_cuda() && accel::compute_capability(rows.get_device()) / 10 == 9 &&
+         !grouped_refused_.load();
+}
+
+torch::Tensor Fp8Matmul::grouped(const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b) {
+  if (a.empty() || a.size() != b.size() || a.size() > kMostGroups || !groups(b.front().codes)) return {};
+  const int64_t n = b.front().codes.size(0), k = b.front().codes.size(1);
+  if (n % kAlignment != 0 || k % kAlignment != 0) return {};
+  std::vector<torch::Tensor> a_codes, a_scales, b_codes, b_scales;
+  std::vector<int32_t> ends;
+  int32_t end = 0;
+  for (size_t e = 0; e < a.size(); ++e) {
+    if (!one_scale_a_row(b[e]) || b[e].codes.size(0) != n || b[e].codes.size(1) != k) return {};
+    b_codes.push_back(b[e].codes);
+    b_scales.push_back(row_scales(b[e]));
+    if (a[e].codes.defined() && a[e].codes.size(0) > 0) {
+      if (!one_scale_a_row(a[e]) || a[e].codes.size(1) != k || !a[e].codes.is_cuda()) return {};
+      a_codes.push_back(a[e].codes);
+      a_scales.push_back(row_scales(a[e]));
+      end += static_cast<int32_t>(a[e].codes.size(0));
+    }
+    ends.push_back(end);
+  }
+  const torch::Device device = b.front().codes.device();
+  if (a_codes.empty()) return torch::zeros({0, n}, torch::dtype(torch::kBFloat16).device(device));
+  // (From pageable memory, the copy has read `ends` when it returns; nothing waits for the device.)
+  const torch::Tensor offsets = torch::tensor(ends, torch::kInt32).to(device, /*non_blocking=*/true);
+  try {
+    return call_grouped_kernel(joined(a_codes, false), joined(b_codes, true), torch::cat(a_scales),
+                               torch::stack(b_scales), offsets);
+  } catch (const std::exception& e) {
+    if (!grouped_refused_.exchange(true))
+      log::warning("LibTorch's grouped FP8 matrix product (aten::_scaled_grouped_mm) failed, so the experts' FP8 "
+                   "products run one expert after another from now on: ",
                    e.what());
     return {};
   }

@@ -98,26 +98,67 @@ class Fp8Projection : public torch::autograd::Function<Fp8Projection> {
   }
 };
 
+// The recipe of the experts' products: the grouped kernel takes a scale a row at most, so under
+// blockwise the experts it computes take rowwise scales, the nearest it has.
+Fp8Recipe experts_recipe(Fp8Recipe recipe, bool grouped) {
+  return grouped && recipe == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : recipe;
+}
+
+// Each expert's a[e] · b[e]ᵀ into its rows of `out`: one grouped kernel where it applies, else a
+// product an expert (b[e] is needed for every expert by the first, for those with rows by the second).
+void expert_products(torch::Tensor& out, const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b,
+                     const std::vector<int64_t>& counts, Fp8Matmul* kernel) {
+  const torch::Tensor grouped = kernel ? kernel->grouped(a, b) : torch::Tensor();
+  if (grouped.defined()) {
+    out.copy_(grouped);
+    return;
+  }
+  for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
+    out.narrow(0, start, n).copy_(fp8_product(a[static_cast<size_t>(e)], b[static_cast<size_t>(e)], kernel));
+  });
+}
+
+// Each expert's weight quantized in `tile` (transposed: for the input gradient): every expert's
+// for the grouped kernel, else those with rows.
+std::vector<Fp8Tensor> expert_weights(Fp8WeightCache& cache, const torch::Tensor& weights,
+                                      const std::vector<int64_t>& counts, bool grouped, Fp8Tile tile, bool transposed) {
+  std::vector<Fp8Tensor> result(counts.size());
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (grouped || counts[e] > 0) {
+      const Fp8Tensor w = cache.quantized(weights, static_cast<int64_t>(e), tile);
+      result[e] = transposed ? fp8_transposed(w) : w;
+    }
+  return result;
+}
+
 class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjection> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& rows, const torch::Tensor& weights,
-                               const Fp8Call& call) {
+                               const Fp8Call& asked) {
+    const bool grouped = asked.products.kernel && asked.products.kernel->groups(rows);
+    Fp8Call call = asked;
+    call.products.recipe = experts_recipe(asked.products.recipe, grouped);
     const Fp8Tiling tiling = fp8_tiling(call.products.recipe);
-    torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());  // every row an expert's
-    // Each expert's kept input; undefined for one without rows.
-    std::vector<torch::Tensor> codes(call.rows_per_expert.size()), scales(call.rows_per_expert.size());
-    for_each_expert_with_rows(call.rows_per_expert, [&](int64_t e, int64_t start, int64_t n) {
-      const Fp8Tensor kept = kept_input(call.products, rows, e, rows.narrow(0, start, n), tiling.input);
-      const Fp8Tensor w = call.products.weights->quantized(weights, e, tiling.weight);
-      out.narrow(0, start, n).copy_(fp8_output(kept, w, call.products.kernel));
-      codes[e] = kept.codes;
-      scales[e] = kept.scales;
+    const std::vector<int64_t>& counts = call.rows_per_expert;
+    std::vector<Fp8Tensor> kept(counts.size());  // each expert's input as kept; none for one without rows
+    for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
+      kept[static_cast<size_t>(e)] = kept_input(call.products, rows, e, rows.narrow(0, start, n), tiling.input);
     });
+    torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());  // every row an expert's
+    expert_products(out, kept,
+                    expert_weights(*call.products.weights, weights, counts, grouped, tiling.weight, false), counts,
+                    call.products.kernel);
+    std::vector<torch::Tensor> codes, scales;
+    for (const Fp8Tensor& k : kept) {
+      codes.push_back(k.codes);
+      scales.push_back(k.scales);
+    }
     ctx->save_for_backward({weights});
     ctx->saved_data["x_codes"] = codes;
     ctx->saved_data["x_scales"] = scales;
     ctx->saved_data["x_dtype"] = rows.scalar_type();
-    ctx->saved_data["counts"] = call.rows_per_expert;
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["grouped"] = grouped;
     save_call(ctx, call);
     return out;
   }
@@ -132,12 +173,15 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
     Fp8Matmul* kernel = saved_kernel(ctx);
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      dx = torch::empty({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
-      Fp8WeightCache& cache = saved_cache(ctx);
+      std::vector<Fp8Tensor> output_grads(counts.size());
       for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
-        const Fp8Tensor w = cache.quantized(weights, e, tiling.weight_for_input_grad);
-        dx.narrow(0, start, n).copy_(fp8_input_gradient(dy.narrow(0, start, n), w, tiling.output_grad, kernel));
+        output_grads[static_cast<size_t>(e)] = fp8_quantize(dy.narrow(0, start, n), tiling.output_grad);
       });
+      dx = torch::empty({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
+      expert_products(dx, output_grads,
+                      expert_weights(saved_cache(ctx), weights, counts, ctx->saved_data["grouped"].toBool(),
+                                     tiling.weight_for_input_grad, true),
+                      counts, kernel);
     }
     const std::vector<int64_t> shape = weights.sizes().vec();
     const torch::TensorOptions options = weights.options();

@@ -111,31 +111,61 @@ TEST_F(GpuFp8, EveryProductOfEveryRecipeMatchesTheEmulationAtThePresetsShapes) {
     }
 }
 
-// Routed experts: row counts of no multiple of 16 (the weight gradient's K), one row, and an
-// expert without rows, forward and backward through fp8_grouped_projection, kernel against emulation.
+// The grouped kernel (one scale a row) against each expert's product emulated: rowwise operands,
+// and tensorwise ones whose scale it repeats down the rows, with an expert without rows.
+TEST_F(GpuFp8, TheGroupedKernelComputesEachExpertsProduct) {
+  if (accel::compute_capability(0) / 10 != 9) GTEST_SKIP() << "the grouped FP8 kernel runs on compute capability 9.x";
+  torch::manual_seed(13);
+  const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const std::vector<int64_t> counts = {100, 0, 1, 256, 37};
+  for (Fp8Tile tile : std::vector<Fp8Tile>{{0, 0}, {1, 0}}) {
+    std::vector<Fp8Tensor> a(counts.size()), b(counts.size());
+    std::vector<torch::Tensor> expected;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      if (counts[e] > 0) a[e] = fp8_quantize(torch::randn({counts[e], 2048}, bf16), tile);
+      b[e] = fp8_quantize(torch::randn({1408, 2048}, bf16) * 0.02, tile);
+      if (counts[e] > 0) expected.push_back(fp8_product(a[e], b[e], nullptr).to(torch::kBFloat16));
+    }
+    Fp8Matmul kernel;
+    ASSERT_TRUE(kernel.groups(b[0].codes));
+    const torch::Tensor got = kernel.grouped(a, b);
+    ASSERT_FALSE(kernel.grouped_refused());
+    ASSERT_TRUE(got.defined()) << "the grouped kernel did not take tiles " << tile.rows << "x" << tile.cols;
+    EXPECT_LE(relative_error(got, torch::cat(expected)), 1e-3) << tile.rows << "x" << tile.cols;
+  }
+}
+
+// Routed experts through fp8_grouped_projection, forward and backward, on the kernels against the
+// emulation: row counts of no multiple of 16 (the weight gradient's K), one row, and an expert
+// without rows. Where the grouped kernel computes them (Hopper), blockwise experts take rowwise
+// scales, so the emulation compared is rowwise's.
 TEST_F(GpuFp8, ExpertsWithAnyNumberOfRowsMatchTheEmulation) {
   torch::manual_seed(12);
   const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
   const std::vector<int64_t> counts = {100, 0, 1, 256, 37};
   const int64_t rows = 394, in = 2048, out = 1408, experts = static_cast<int64_t>(counts.size());
+  const bool hopper = accel::compute_capability(0) / 10 == 9;
   for (Fp8Recipe recipe : kRecipes) {
-    if (recipe == Fp8Recipe::kBlockwise && accel::compute_capability(0) / 10 != 9) continue;
+    if (recipe == Fp8Recipe::kBlockwise && !hopper) continue;
     const torch::Tensor x = torch::randn({rows, in}, bf16), dy = torch::randn({rows, out}, bf16) * 1e-3;
     const torch::Tensor stack = torch::randn({experts, out, in}, bf16) * 0.02;
-    std::vector<torch::Tensor> results;
-    Fp8Matmul kernel;
-    for (Fp8Matmul* used : {&kernel, static_cast<Fp8Matmul*>(nullptr)}) {
+    auto run = [&](Fp8Recipe r, Fp8Matmul* kernel) {
       Fp8WeightCache cache;
       const torch::Tensor xi = x.clone().requires_grad_(), wi = stack.clone().requires_grad_();
-      const torch::Tensor y = fp8_grouped_projection(xi, wi, counts, {recipe, &cache, nullptr, nullptr, used});
+      const torch::Tensor y = fp8_grouped_projection(xi, wi, counts, {r, &cache, nullptr, nullptr, kernel});
       y.backward(dy);
-      results.insert(results.end(), {y.detach(), xi.grad(), wi.grad()});
-    }
+      return std::vector<torch::Tensor>{y.detach(), xi.grad(), wi.grad()};
+    };
+    Fp8Matmul kernel;
+    const std::vector<torch::Tensor> got = run(recipe, &kernel);
+    const Fp8Recipe emulated = hopper && recipe == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : recipe;
+    const std::vector<torch::Tensor> want = run(emulated, nullptr);
     const std::string what = recipe_name(recipe);
     ASSERT_FALSE(kernel.refused()) << what;
-    EXPECT_LE(relative_error(results[0], results[3].to(torch::kBFloat16)), 1e-3) << what << ", output";
-    EXPECT_LE(relative_error(results[1], results[4].to(torch::kBFloat16)), 1e-3) << what << ", input gradient";
-    EXPECT_LE(relative_error(results[2], results[5].to(torch::kBFloat16)), 1e-3) << what << ", weight gradient";
-    EXPECT_EQ(results[2].select(0, 1).abs().max().item<float>(), 0.0f) << what << ": the expert without rows";
+    ASSERT_FALSE(kernel.grouped_refused()) << what;
+    EXPECT_LE(relative_error(got[0], want[0].to(torch::kBFloat16)), 1e-3) << what << ", output";
+    EXPECT_LE(relative_error(got[1], want[1].to(torch::kBFloat16)), 1e-3) << what << ", input gradient";
+    EXPECT_LE(relative_error(got[2], want[2].to(torch::kBFloat16)), 1e-3) << what << ", weight gradient";
+    EXPECT_EQ(got[2].select(0, 1).abs().max().item<float>(), 0.0f) << what << ": the expert without rows";
   }
 }

@@ -8,6 +8,9 @@
 //   tensorwise  a and b one tile each;
 //   rowwise     a and b a tile per row;
 //   blockwise   a in 1×128 tiles, b in 128×128 blocks or 1×128 tiles (the weight gradient's).
+// The routed experts' products go to one grouped kernel, aten::_scaled_grouped_mm, which takes
+// one scale a row only: each expert's operands in one tile (tensorwise, the scale repeated down
+// its rows) or a tile a row (rowwise); Hopper only.
 // A build against an older LibTorch (1.13, the CPU build's) has none, nor does the CPU: the
 // emulation computes there.
 #pragma once
@@ -16,6 +19,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "dstrain/core/fp8_quantization.h"
 
@@ -35,8 +39,17 @@ class Fp8Matmul {
   torch::Tensor operator()(const Fp8Tensor& a, const Fp8Tensor& b);
   bool refused() const { return refused_.load(); }
 
+  // Whether experts' products of `rows` go to the grouped kernel (this build and `rows`' GPU have
+  // it and it has not refused): their operands are then quantized as it takes them.
+  bool groups(const torch::Tensor& rows) const;
+  // Each expert's a[e] · b[e]ᵀ, its rows in the experts' order → bf16 [Σ rows, N]; a[e] [rows of e,
+  // K] (undefined codes: none), b[e] [N, K], every operand in one tile or a tile a row. Undefined
+  // where the grouped kernel does not apply.
+  torch::Tensor grouped(const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b);
+  bool grouped_refused() const { return grouped_refused_.load(); }
+
  private:
-  std::atomic<bool> refused_{false};
+  std::atomic<bool> refused_{false}, grouped_refused_{false};
 };
 
 }  // namespace dstrain

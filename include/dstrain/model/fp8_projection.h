@@ -34,7 +34,9 @@ torch::Tensor fp8_projection(const torch::Tensor& x, const torch::Tensor& weight
 
 // The routed experts' products (grouped_projection.h's contract): rows [N, in] sorted by expert,
 // weights [experts, out, in] → [N, out]. Each expert's product is quantized on its own, as a kernel
-// per expert (or a grouped kernel) sees it.
+// per expert (or a grouped kernel) sees it. Where the kernel's grouped product computes the forward
+// product and the input gradient (Fp8Matmul::groups), which takes a scale a row at most, blockwise
+// experts take rowwise scales; their weight gradients run an expert at a time.
 torch::Tensor fp8_grouped_projection(const torch::Tensor& rows, const torch::Tensor& weights,
                                      const std::vector<int64_t>& rows_per_expert, const Fp8Products& products);
 
