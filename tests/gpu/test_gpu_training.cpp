@@ -131,7 +131,7 @@ TEST_F(GpuTraining, ZeroBubbleSchedulesOnOneGpuMatchTheCpu) {
   std::string cpu = scratch_dir("gpu-zb-cpu-reference");
   RunOutput reference = train_tiny_v3(1, cpu, {"--train.device", "cpu", "--model.num_layers", "4"});
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  for (const std::string& schedule : {"zb-h1", "dualpipev"}) {
+  for (const std::string schedule : {"zb-h1", "dualpipev"}) {
     std::string gpu = scratch_dir("gpu-" + schedule);
     RunOutput run = train_tiny_v3(2, gpu, {"--train.device", "cuda", "--comm.backend", "mpi", "--model.num_layers", "4",
                                            "--parallel.pp", "2", "--parallel.schedule", schedule,
