@@ -80,5 +80,6 @@ stage "bench memory" "$build/dstrain" bench memory --bench.json "$results/memory
 stage "ctest cpu (LibTorch 2.x)" ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Skipped|^dstrain |^pytorch |tok/s" "$log" | tail -40
 head -24 "$results"/profile_1b.md "$results"/profile_moe.md 2>/dev/null
-cat "$results"/grouped_experts.txt "$results"/fp8.txt "$results"/recompute_gpu.txt "$results"/pipeline_schedules_cpu.txt 2>/dev/null
+cat "$results"/grouped_experts.txt "$results"/fp8.txt "$results"/recompute_gpu.txt \
+  "$results"/pipeline_schedules_cpu.txt 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -29,13 +29,13 @@ int64_t tiles(int64_t size, int64_t edge) { return (size + edge - 1) / edge; }
 torch::Tensor tiled(const torch::Tensor& x, int64_t tile_rows, int64_t tile_cols) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t row_tiles = tiles(rows, tile_rows), col_tiles = tiles(cols, tile_cols);
-  // (Whole tiles need no padding, which would copy; LibTorch refuses to pad an empty tensor, even
-  // by nothing: no rows is no tiles.)
-  const bool whole = rows == row_tiles * tile_rows && cols == col_tiles * tile_cols;
-  const torch::Tensor padded =
-      whole            ? x
-      : x.numel() == 0 ? x.new_zeros({row_tiles * tile_rows, col_tiles * tile_cols})
-                       : torch::constant_pad_nd(x, {0, col_tiles * tile_cols - cols, 0, row_tiles * tile_rows - rows}, 0);
+  const int64_t padded_rows = row_tiles * tile_rows, padded_cols = col_tiles * tile_cols;
+  torch::Tensor padded = x;  // whole tiles need no padding, which would copy
+  // (LibTorch refuses to pad an empty tensor, even by nothing: no rows is no tiles.)
+  if (x.numel() == 0)
+    padded = x.new_zeros({padded_rows, padded_cols});
+  else if (padded_rows != rows || padded_cols != cols)
+    padded = torch::constant_pad_nd(x, {0, padded_cols - cols, 0, padded_rows - rows}, 0);
   return padded.reshape({row_tiles, tile_rows, col_tiles, tile_cols});
 }
 

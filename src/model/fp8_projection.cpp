@@ -47,7 +47,9 @@ Fp8Tiling saved_tiling(AutogradContext* ctx) {
 Fp8WeightCache& saved_cache(AutogradContext* ctx) {
   return *reinterpret_cast<Fp8WeightCache*>(ctx->saved_data["weights"].toInt());
 }
-Fp8Matmul* saved_kernel(AutogradContext* ctx) { return reinterpret_cast<Fp8Matmul*>(ctx->saved_data["kernel"].toInt()); }
+Fp8Matmul* saved_kernel(AutogradContext* ctx) {
+  return reinterpret_cast<Fp8Matmul*>(ctx->saved_data["kernel"].toInt());
+}
 
 // The weight's gradient: left to the W action when deferred (undefined returned), else computed.
 torch::Tensor weight_gradient(AutogradContext* ctx, std::function<torch::Tensor()> gradient) {
