@@ -15,6 +15,7 @@
 #include "dstrain/model/fp8_matmul.h"
 
 #include <exception>
+#include <optional>
 
 #include "dstrain/core/accelerator.h"
 #include "dstrain/core/log.h"
@@ -98,6 +99,47 @@ torch::Tensor scaled_mm_blockwise(const torch::Tensor& a, const torch::Tensor& b
 }
 #endif
 
+// `product()`, or, should LibTorch throw, an undefined tensor, now and (through `refused`) from
+// then on, said once as a warning: `consequence` and LibTorch's words.
+template <typename Product>
+torch::Tensor unless_refused(std::atomic<bool>& refused, const char* consequence, Product product) {
+  try {
+    return product();
+  } catch (const std::exception& e) {
+    if (!refused.exchange(true)) log::warning(consequence, e.what());
+    return {};
+  }
+}
+
+// The grouped kernel's operands: the rows of the experts that have some, in order, with a scale a
+// row; every expert's b; the ends of the experts' rows.
+struct GroupedOperands {
+  std::vector<torch::Tensor> a_codes, a_scales, b_codes, b_scales;
+  std::vector<int32_t> ends;
+};
+
+// Those of a and b, or nothing where one is not the kernel's: other tiles or shapes, K or N no
+// multiple of 16.
+std::optional<GroupedOperands> grouped_operands(const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b) {
+  const int64_t n = b.front().codes.size(0), k = b.front().codes.size(1);
+  if (n % kAlignment != 0 || k % kAlignment != 0) return std::nullopt;
+  GroupedOperands operands;
+  int32_t end = 0;
+  for (size_t e = 0; e < a.size(); ++e) {
+    if (!one_scale_a_row(b[e]) || b[e].codes.size(0) != n || b[e].codes.size(1) != k) return std::nullopt;
+    operands.b_codes.push_back(b[e].codes);
+    operands.b_scales.push_back(row_scales(b[e]));
+    if (a[e].codes.defined() && a[e].codes.size(0) > 0) {
+      if (!one_scale_a_row(a[e]) || a[e].codes.size(1) != k || !a[e].codes.is_cuda()) return std::nullopt;
+      operands.a_codes.push_back(a[e].codes);
+      operands.a_scales.push_back(row_scales(a[e]));
+      end += static_cast<int32_t>(a[e].codes.size(0));
+    }
+    operands.ends.push_back(end);
+  }
+  return operands;
+}
+
 torch::Tensor call_grouped_kernel(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& scale_a,
                                   const torch::Tensor& scale_b, const torch::Tensor& ends) {
 #if DSTRAIN_TORCH_AT_LEAST(2, 10)
@@ -159,15 +201,10 @@ std::string fp8_matmul_refusal(const Fp8Tensor& a, const Fp8Tensor& b) {
 torch::Tensor Fp8Matmul::operator()(const Fp8Tensor& a, const Fp8Tensor& b) {
   if (refused_.load() || !fp8_matmul_refusal(a, b).empty()) return {};
   if (a.codes.size(0) == 0) return torch::zeros({0, b.codes.size(0)}, a.codes.options().dtype(torch::kBFloat16));
-  try {
-    return call_kernel(a, b, form_of(a, b));
-  } catch (const std::exception& e) {
-    if (!refused_.exchange(true))
-      log::warning("LibTorch's FP8 matrix product (aten::_scaled_mm) failed, so FP8 products are emulated in fp32 "
-                   "from now on: ",
-                   e.what());
-    return {};
-  }
+  return unless_refused(refused_,
+                        "LibTorch's FP8 matrix product (aten::_scaled_mm) failed, so FP8 products are emulated in fp32 "
+                        "from now on: ",
+                        [&] { return call_kernel(a, b, form_of(a, b)); });
 }
 
 bool Fp8Matmul::groups(const torch::Tensor& rows) const {
@@ -177,37 +214,21 @@ bool Fp8Matmul::groups(const torch::Tensor& rows) const {
 
 torch::Tensor Fp8Matmul::grouped(const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b) {
   if (a.empty() || a.size() != b.size() || a.size() > kMostGroups || !groups(b.front().codes)) return {};
-  const int64_t n = b.front().codes.size(0), k = b.front().codes.size(1);
-  if (n % kAlignment != 0 || k % kAlignment != 0) return {};
-  std::vector<torch::Tensor> a_codes, a_scales, b_codes, b_scales;
-  std::vector<int32_t> ends;
-  int32_t end = 0;
-  for (size_t e = 0; e < a.size(); ++e) {
-    if (!one_scale_a_row(b[e]) || b[e].codes.size(0) != n || b[e].codes.size(1) != k) return {};
-    b_codes.push_back(b[e].codes);
-    b_scales.push_back(row_scales(b[e]));
-    if (a[e].codes.defined() && a[e].codes.size(0) > 0) {
-      if (!one_scale_a_row(a[e]) || a[e].codes.size(1) != k || !a[e].codes.is_cuda()) return {};
-      a_codes.push_back(a[e].codes);
-      a_scales.push_back(row_scales(a[e]));
-      end += static_cast<int32_t>(a[e].codes.size(0));
-    }
-    ends.push_back(end);
-  }
+  const std::optional<GroupedOperands> operands = grouped_operands(a, b);
+  if (!operands) return {};
   const torch::Device device = b.front().codes.device();
-  if (a_codes.empty()) return torch::zeros({0, n}, torch::dtype(torch::kBFloat16).device(device));
-  // (From pageable memory, the copy has read `ends` when it returns; nothing waits for the device.)
-  const torch::Tensor offsets = torch::tensor(ends, torch::kInt32).to(device, /*non_blocking=*/true);
-  try {
-    return call_grouped_kernel(joined(a_codes, false), joined(b_codes, true), torch::cat(a_scales),
-                               torch::stack(b_scales), offsets);
-  } catch (const std::exception& e) {
-    if (!grouped_refused_.exchange(true))
-      log::warning("LibTorch's grouped FP8 matrix product (aten::_scaled_grouped_mm) failed, so the experts' FP8 "
-                   "products run one expert after another from now on: ",
-                   e.what());
-    return {};
-  }
+  if (operands->a_codes.empty())
+    return torch::zeros({0, b.front().codes.size(0)}, torch::dtype(torch::kBFloat16).device(device));
+  // (From pageable memory, the copy has read the ends when it returns; nothing waits for the device.)
+  const torch::Tensor ends = torch::tensor(operands->ends, torch::kInt32).to(device, /*non_blocking=*/true);
+  return unless_refused(grouped_refused_,
+                        "LibTorch's grouped FP8 matrix product (aten::_scaled_grouped_mm) failed, so the experts' "
+                        "FP8 products run one expert after another from now on: ",
+                        [&] {
+                          return call_grouped_kernel(joined(operands->a_codes, false), joined(operands->b_codes, true),
+                                                     torch::cat(operands->a_scales), torch::stack(operands->b_scales),
+                                                     ends);
+                        });
 }
 
 }  // namespace dstrain
