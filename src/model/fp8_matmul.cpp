@@ -14,12 +14,11 @@
 //   projection); b's 1×128 scales [N, ⌈K/128⌉] column-major. Hopper only (compute capability 9.x).
 #include "dstrain/model/fp8_matmul.h"
 
-#include <exception>
 #include <optional>
 
 #include "dstrain/core/accelerator.h"
-#include "dstrain/core/log.h"
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/kernel_refusal.h"
 
 #if DSTRAIN_TORCH_AT_LEAST(2, 10)
 #include <ATen/BlasBackend.h>
@@ -98,18 +97,6 @@ torch::Tensor scaled_mm_blockwise(const torch::Tensor& a, const torch::Tensor& b
                            /*bias=*/std::nullopt, torch::kBFloat16);
 }
 #endif
-
-// `product()`, or, should LibTorch throw, an undefined tensor, now and (through `refused`) from
-// then on, said once as a warning: `consequence` and LibTorch's words.
-template <typename Product>
-torch::Tensor unless_refused(std::atomic<bool>& refused, const char* consequence, Product product) {
-  try {
-    return product();
-  } catch (const std::exception& e) {
-    if (!refused.exchange(true)) log::warning(consequence, e.what());
-    return {};
-  }
-}
 
 // The grouped kernel's operands: the rows of the experts that have some, in order, with a scale a
 // row; every expert's b; the ends of the experts' rows.

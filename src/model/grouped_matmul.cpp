@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <exception>
-#include <string>
 
-#include "dstrain/core/log.h"
 #include "dstrain/core/torch_compat.h"
+#include "dstrain/model/kernel_refusal.h"
 
 namespace dstrain {
 namespace {
@@ -54,21 +52,17 @@ torch::Tensor GroupedMatmul::operator()(const torch::Tensor& a, const torch::Ten
   for (int64_t size : group_sizes) ends.push_back(end += static_cast<int32_t>(size));
   // (From pageable memory, the copy has read `ends` when it returns; nothing waits for the device.)
   const torch::Tensor offsets = torch::tensor(ends, torch::kInt32).to(a.device(), /*non_blocking=*/true);
-  try {
-    torch::Tensor result = call_grouped_mm(a, b, offsets);
-    // A group with none of K sums nothing: zero, whatever the kernel leaves there.
-    if (b.dim() == 2)
-      for (size_t g = 0; g < group_sizes.size(); ++g)
-        if (group_sizes[g] == 0) result[static_cast<int64_t>(g)].zero_();
-    return result;
-  } catch (const std::exception& e) {
-    if (!refused_.exchange(true))
-      log::warning(
-          "LibTorch's grouped matrix product (aten::_grouped_mm) failed, so the experts' products run one "
-          "after another from now on: ",
-          e.what());
-    return {};
-  }
+  return unless_refused(refused_,
+                        "LibTorch's grouped matrix product (aten::_grouped_mm) failed, so the experts' products run "
+                        "one after another from now on: ",
+                        [&] {
+                          torch::Tensor result = call_grouped_mm(a, b, offsets);
+                          // A group with none of K sums nothing: zero, whatever the kernel leaves there.
+                          if (b.dim() == 2)
+                            for (size_t g = 0; g < group_sizes.size(); ++g)
+                              if (group_sizes[g] == 0) result[static_cast<int64_t>(g)].zero_();
+                          return result;
+                        });
 }
 
 }  // namespace dstrain
