@@ -46,14 +46,13 @@ torch::Tensor untiled(const torch::Tensor& view, int64_t rows, int64_t cols) {
       .narrow(1, 0, cols);
 }
 
-// Each tile's largest magnitude, NaN where the tile holds one: float32 [row tiles, col tiles], by
-// one reduction over the values in their own dtype (a maximum rounds nothing; fp64 is rounded
-// first, as the quotients' values are).
-torch::Tensor largest_magnitudes(const torch::Tensor& x, int64_t tile_rows, int64_t tile_cols) {
-  const bool own_dtype = x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16 ||
-                         x.scalar_type() == torch::kHalf;
-  const torch::Tensor view = tiled(own_dtype ? x : x.to(torch::kFloat32), tile_rows, tile_cols);
-  return at::linalg_vector_norm(view, std::numeric_limits<double>::infinity(), {1, 3}).to(torch::kFloat32);
+// The scale of each tile from its largest magnitude (NaN where the tile holds one): that / 448;
+// an all-zero tile gets 1, one so small that its scale underflows the smallest positive float.
+torch::Tensor scales_of(const torch::Tensor& largest) {
+  torch::Tensor scales = largest / kE4M3Max;
+  scales = torch::where(largest == 0, torch::ones_like(scales), scales);
+  return torch::where((scales == 0) & (largest > 0),
+                      torch::full_like(scales, std::numeric_limits<float>::denorm_min()), scales);
 }
 
 #if defined(DSTRAIN_WITH_CUDA_KERNELS) && DSTRAIN_TORCH_AT_LEAST(2, 1)
@@ -67,42 +66,38 @@ std::optional<cuda::Fp8Source> kernel_source(const torch::Tensor& x) {
   }
 }
 
-// The codes by core's kernel (cuda/fp8_encode.h): one pass over x.
-torch::Tensor encoded_by_kernel(const torch::Tensor& x, cuda::Fp8Source source, const torch::Tensor& scales,
-                                int64_t tile_rows, int64_t tile_cols) {
+// On the GPU: the largest magnitudes by one reduction over the values in their own dtype (a
+// maximum rounds nothing), the codes by core's kernel (cuda/fp8_encode.h) in one pass over them.
+Fp8Tensor quantized_by_kernel(const torch::Tensor& x, cuda::Fp8Source source, Fp8Tile tile, int64_t tile_rows,
+                              int64_t tile_cols) {
+  const torch::Tensor largest =
+      at::linalg_vector_norm(tiled(x, tile_rows, tile_cols), std::numeric_limits<double>::infinity(), {1, 3});
+  const torch::Tensor scales = scales_of(largest.to(torch::kFloat32));
   const torch::Tensor values = x.contiguous(), scale_values = scales.contiguous();
   torch::Tensor codes = torch::empty(x.sizes(), x.options().dtype(torch::kUInt8));
   const c10::cuda::CUDAGuard guard(x.device());
   C10_CUDA_CHECK(cuda::fp8_encode(values.data_ptr(), source, x.size(0), x.size(1), scale_values.data_ptr<float>(),
                                   {tile_rows, tile_cols, scales.size(1)}, codes.data_ptr<uint8_t>(),
                                   at::cuda::getCurrentCUDAStream(x.device().index()).stream()));
-  return codes.view(torch::kFloat8_e4m3fn);
+  return {codes.view(torch::kFloat8_e4m3fn), scales, tile};
 }
 #endif
-
-// The codes of x / its tile's scale by LibTorch operations, over fp32 copies.
-torch::Tensor encoded_by_operations(const torch::Tensor& x, const torch::Tensor& scales, int64_t tile_rows,
-                                    int64_t tile_cols) {
-  const torch::Tensor quotient = tiled(x.to(torch::kFloat32), tile_rows, tile_cols) / scales.unsqueeze(1).unsqueeze(3);
-  return compat::to_e4m3(untiled(quotient, x.size(0), x.size(1)));
-}
 
 }  // namespace
 
 Fp8Tensor fp8_quantize(const torch::Tensor& x, Fp8Tile tile) {
   if (x.dim() != 2) throw std::invalid_argument("fp8_quantize: a " + std::to_string(x.dim()) + "-D tensor; 2-D only");
   const int64_t tile_rows = extent(tile.rows, x.size(0)), tile_cols = extent(tile.cols, x.size(1));
-  const torch::Tensor largest = largest_magnitudes(x, tile_rows, tile_cols);
-  torch::Tensor scales = largest / kE4M3Max;
-  // An all-zero tile gets 1; one so small that its scale underflows, the smallest positive float.
-  scales = torch::where(largest == 0, torch::ones_like(scales), scales);
-  scales = torch::where((scales == 0) & (largest > 0),
-                        torch::full_like(scales, std::numeric_limits<float>::denorm_min()), scales);
 #if defined(DSTRAIN_WITH_CUDA_KERNELS) && DSTRAIN_TORCH_AT_LEAST(2, 1)
   if (const std::optional<cuda::Fp8Source> source = kernel_source(x))
-    return {encoded_by_kernel(x, *source, scales, tile_rows, tile_cols), scales, tile};
+    return quantized_by_kernel(x, *source, tile, tile_rows, tile_cols);
 #endif
-  return {encoded_by_operations(x, scales, tile_rows, tile_cols), scales, tile};
+  // Elsewhere LibTorch's operations over one fp32 view of whole tiles: the largest magnitudes and
+  // the quotients both.
+  const torch::Tensor view = tiled(x.to(torch::kFloat32), tile_rows, tile_cols);
+  const torch::Tensor scales = scales_of(view.abs().amax({1, 3}));
+  const torch::Tensor quotient = view / scales.unsqueeze(1).unsqueeze(3);
+  return {compat::to_e4m3(untiled(quotient, x.size(0), x.size(1))), scales, tile};
 }
 
 torch::Tensor fp8_dequantize(const Fp8Tensor& q) {
