@@ -106,13 +106,14 @@ Fp8Recipe experts_recipe(Fp8Recipe recipe, bool grouped) {
   return grouped && recipe == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : recipe;
 }
 
-// Each expert's a[e] · b[e]ᵀ into its rows of `out`: one grouped kernel where it applies, else a
-// product an expert (b[e] is needed for every expert by the first, for those with rows by the second).
+// Each expert's a[e] · b[e]ᵀ into its rows of `out`: with `grouped` (the forward pass's
+// Fp8Matmul::groups) one grouped kernel where it takes the operands, else a product an expert
+// (b[e] is there for every expert with `grouped`, for those with rows without).
 void expert_products(torch::Tensor& out, const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b,
-                     const std::vector<int64_t>& counts, Fp8Matmul* kernel) {
-  const torch::Tensor grouped = kernel ? kernel->grouped(a, b) : torch::Tensor();
-  if (grouped.defined()) {
-    out.copy_(grouped);
+                     const std::vector<int64_t>& counts, Fp8Matmul* kernel, bool grouped) {
+  const torch::Tensor together = grouped ? kernel->grouped(a, b) : torch::Tensor();
+  if (together.defined()) {
+    out.copy_(together);
     return;
   }
   for_each_expert_with_rows(counts, [&](int64_t e, int64_t start, int64_t n) {
@@ -149,7 +150,7 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
     torch::Tensor out = torch::empty({rows.size(0), weights.size(1)}, rows.options());  // every row an expert's
     expert_products(out, kept,
                     expert_weights(*call.products.weights, weights, counts, grouped, tiling.weight, false), counts,
-                    call.products.kernel);
+                    call.products.kernel, grouped);
     std::vector<torch::Tensor> codes, scales;
     for (const Fp8Tensor& k : kept) {
       codes.push_back(k.codes);
@@ -180,10 +181,10 @@ class Fp8GroupedProjection : public torch::autograd::Function<Fp8GroupedProjecti
         output_grads[static_cast<size_t>(e)] = fp8_quantize(dy.narrow(0, start, n), tiling.output_grad);
       });
       dx = torch::empty({dy.size(0), weights.size(2)}, dy.options().dtype(ctx->saved_data["x_dtype"].toScalarType()));
+      const bool grouped = ctx->saved_data["grouped"].toBool();
       expert_products(dx, output_grads,
-                      expert_weights(saved_cache(ctx), weights, counts, ctx->saved_data["grouped"].toBool(),
-                                     tiling.weight_for_input_grad, true),
-                      counts, kernel);
+                      expert_weights(saved_cache(ctx), weights, counts, grouped, tiling.weight_for_input_grad, true),
+                      counts, kernel, grouped);
     }
     const std::vector<int64_t> shape = weights.sizes().vec();
     const torch::TensorOptions options = weights.options();
