@@ -20,26 +20,30 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t experts, int64_t first_expert, in
       deferral_(options.deferral),
       fp8_(options.fp8),
       fp8_kernel_(options.fp8_matmul),
-      fp8_weights_(std::make_unique<Fp8WeightCache>()),
+      fp8_weights_(std::make_unique<Fp8WeightCaches>()),
       fp8_inputs_(std::make_unique<Fp8InputShare>()) {
   gate_proj_ = register_parameter("gate_proj", torch::zeros({experts, intermediate, hidden}));
   up_proj_ = register_parameter("up_proj", torch::zeros({experts, intermediate, hidden}));
   down_proj_ = register_parameter("down_proj", torch::zeros({experts, hidden, intermediate}));
 }
 
+int64_t GroupedExpertsImpl::fp8_quantizations() const {
+  return fp8_weights_->gate.made() + fp8_weights_->up.made() + fp8_weights_->down.made();
+}
+
 torch::Tensor GroupedExpertsImpl::project(const torch::Tensor& rows, const torch::Tensor& weights,
-                                          const std::vector<int64_t>& counts) {
+                                          const std::vector<int64_t>& counts, Fp8WeightCache& fp8_weights) {
   if (fp8_ != Fp8Recipe::kNone)
     return fp8_grouped_projection(rows, weights, counts,
-                                  {fp8_, fp8_weights_.get(), deferral_, fp8_inputs_.get(), fp8_kernel_.get()});
+                                  {fp8_, &fp8_weights, deferral_, fp8_inputs_.get(), fp8_kernel_.get()});
   return grouped_projection(rows, weights, counts, grouped_.get(), deferral_);
 }
 
 torch::Tensor GroupedExpertsImpl::forward(const torch::Tensor& rows, const std::vector<int64_t>& rows_per_expert) {
-  const torch::Tensor gate = project(rows, gate_proj_, rows_per_expert);
-  const torch::Tensor up = project(rows, up_proj_, rows_per_expert);
+  const torch::Tensor gate = project(rows, gate_proj_, rows_per_expert, fp8_weights_->gate);
+  const torch::Tensor up = project(rows, up_proj_, rows_per_expert, fp8_weights_->up);
   auto down = [this, rows_per_expert](const Tensors& activation) {
-    return Tensors{project(activation[0], down_proj_, rows_per_expert)};
+    return Tensors{project(activation[0], down_proj_, rows_per_expert, fp8_weights_->down)};
   };
   const bool kernel = cuda_kernels_;
   if (!selective_.on) return down({swiglu_activation(gate, up, kernel)})[0];

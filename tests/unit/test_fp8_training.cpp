@@ -11,6 +11,7 @@
 
 #include "dstrain/core/torch_compat.h"
 #include "dstrain/model/fp8_matmul.h"
+#include "dstrain/model/grouped_experts.h"
 #include "dstrain/model/fp8_products.h"
 #include "dstrain/model/fp8_projection.h"
 #include "dstrain/core/fp8_quantization.h"
@@ -283,6 +284,33 @@ TEST(Fp8WeightCache, QuantizesAgainOnlyWhenTheWeightChanges) {
                      fp8_dequantize(fp8_quantize(stack.detach()[2], tile)), "expert 2");
   EXPECT_EQ(cache.made(), 4);
   EXPECT_FALSE(torch::equal(fp8_dequantize(first), fp8_dequantize(cache.quantized(w, tile))));
+}
+
+// Routed experts quantize each expert's gate, up and down weights once until they change, over any
+// number of micro-batches: each stack has a cache of its own (a shared one had them take each
+// other's place, quantizing every weight again at every use).
+TEST(Fp8WeightCache, RoutedExpertsQuantizeTheirWeightsOncePerStep) {
+  torch::manual_seed(6);
+  const std::vector<int64_t> counts = {3, 0, 4, 1};
+  ComputeOptions options;
+  options.fp8 = Fp8Recipe::kBlockwise;
+  GroupedExperts experts(4, 0, 32, 16, options);
+  for (auto& parameter : experts->parameters()) parameter.data().normal_(0, 0.1);
+  auto micro_batch = [&] { experts->forward(torch::randn({8, 32}, torch::requires_grad()), counts).sum().backward(); };
+  micro_batch();
+  // Forward and input gradient share the blockwise weight's 128×128 blocks: one quantization a
+  // weight of each expert with rows.
+  const int64_t per_step = 3 * 3;
+  EXPECT_EQ(experts->fp8_quantizations(), per_step);
+  micro_batch();
+  micro_batch();
+  EXPECT_EQ(experts->fp8_quantizations(), per_step);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& parameter : experts->parameters()) parameter.add_(0.01);  // as the optimizer steps
+  }
+  micro_batch();
+  EXPECT_EQ(experts->fp8_quantizations(), 2 * per_step);
 }
 
 // A rank that receives no rows for its experts still runs its products: no rows, no tiles.

@@ -2,7 +2,9 @@
 // weights change once per optimizer step, while a step runs the forward product once per
 // micro-batch (and again under recomputation). A weight's version counter moves with every
 // in-place update (the optimizer's, a checkpoint load's, ZeRO-1's gather), and its memory moves
-// when it is replaced, so a kept quantization is current while both are. One cache serves one module.
+// when it is replaced, so a kept quantization is current while both are. One cache serves one
+// weight (or one stack of experts' weights): it finds a kept quantization by expert and tile alone,
+// so two weights would take each other's place and each be quantized again at every use.
 // The forward and backward passes may run on different threads: lookups are serialized.
 #pragma once
 

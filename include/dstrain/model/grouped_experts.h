@@ -39,9 +39,17 @@ class GroupedExpertsImpl : public torch::nn::Module {
   // stacked parameters, in expert order.
   std::vector<std::pair<std::string, torch::Tensor>> expert_weights() const;
   int64_t first_expert() const { return first_; }
+  // The experts' weights quantized for FP8 products so far (tests: once a step, not per micro-batch).
+  int64_t fp8_quantizations() const;
 
  private:
-  torch::Tensor project(const torch::Tensor& rows, const torch::Tensor& weights, const std::vector<int64_t>& counts);
+  // A cache for each stack: one cache serves one weight (fp8_weight_cache.h).
+  struct Fp8WeightCaches {
+    Fp8WeightCache gate, up, down;
+  };
+
+  torch::Tensor project(const torch::Tensor& rows, const torch::Tensor& weights, const std::vector<int64_t>& counts,
+                        Fp8WeightCache& fp8_weights);
 
   int64_t first_;
   SelectiveRecompute selective_;
@@ -50,7 +58,7 @@ class GroupedExpertsImpl : public torch::nn::Module {
   WeightGradientDeferral* deferral_;
   Fp8Recipe fp8_;
   std::shared_ptr<Fp8Matmul> fp8_kernel_;
-  std::unique_ptr<Fp8WeightCache> fp8_weights_;
+  std::unique_ptr<Fp8WeightCaches> fp8_weights_;
   std::unique_ptr<Fp8InputShare> fp8_inputs_;  // gate and up read the same rows
   torch::Tensor gate_proj_, up_proj_, down_proj_;
 };
