@@ -106,6 +106,7 @@ nlohmann::json step(Options o) {
                         {"mfu", result.mfu},
                         {"peak_memory_bytes", result.peak_memory_bytes},
                         {"peak_activation_bytes", result.peak_activation_bytes},
+                        {"step_kept_bytes", result.step_kept_bytes},
                         {"recompute", o.raw("train.recompute")},
                         // Warm-up included; on a GPU only the time to queue the reruns (recompute.h).
                         {"rerun_s_per_step", result.rerun_seconds / static_cast<double>(warmup + timed)},

@@ -101,6 +101,10 @@ int64_t device_peak_window_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return 0;
   return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
 }
+int64_t device_allocated_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current;
+}
 #else
 std::string device_name(int) { return "cpu"; }
 std::string device_uuid(int) { return std::string(16, '\0'); }
@@ -115,6 +119,7 @@ HostSyncExpected::~HostSyncExpected() = default;
 int64_t peak_allocated_bytes(const torch::Device&) { return host_peak_resident_bytes(); }
 int64_t begin_device_peak_window(const torch::Device&) { return 0; }
 int64_t device_peak_window_bytes(const torch::Device&) { return 0; }
+int64_t device_allocated_bytes(const torch::Device&) { return 0; }
 #endif
 
 Timestamp Timestamp::now(const torch::Device& device) {

@@ -100,12 +100,17 @@ void StepMemoryMeter::begin_step() {
 }
 
 void StepMemoryMeter::end_step() {
-  int64_t peak = start_;
-  if (device_.is_cuda())
+  int64_t peak = start_, now = start_;
+  if (device_.is_cuda()) {
     peak = device_peak_window_bytes(device_);
-  else if (const CountingCpuAllocator* counter = cpu_counter())
+    now = device_allocated_bytes(device_);
+  } else if (const CountingCpuAllocator* counter = cpu_counter()) {
     peak = counter->peak();
+    now = counter->current();
+  }
   peak_ = std::max(peak_, peak - start_);
+  activations_ = std::max(activations_, peak - std::max(start_, now));
+  kept_ = std::max(kept_, now - start_);
 }
 
 }  // namespace dstrain::accel

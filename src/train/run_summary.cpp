@@ -46,6 +46,7 @@ void write_run_summary(const TrainConfig& c, const ParallelContext& parallel, co
   if (result.mfu > 0) summary["mfu"] = result.mfu;
   if (result.peak_memory_bytes > 0) summary["peak_memory_bytes"] = result.peak_memory_bytes;
   summary["peak_activation_bytes"] = result.peak_activation_bytes;  // the largest rank's
+  summary["step_kept_bytes"] = result.step_kept_bytes;
   summary["recompute"] = name_of(recompute_names(), c.loop.recompute);
   write_summary_file(c.run.dir, summary);
 }

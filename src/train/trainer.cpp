@@ -353,9 +353,12 @@ TrainResult Trainer::finish(TrainResult result, Clock::time_point start) {
   result.mfu = plan.peak_flops > 0 ? plan.flops_per_token * result.tokens_per_s / plan.peak_flops : 0.0;
   result.peak_memory_bytes = accel::peak_allocated_bytes(placement_.device);
   // The largest rank's, as `model info` plans for the stage that holds the most.
-  torch::Tensor peak = torch::full({1}, static_cast<double>(step_memory_.peak_bytes()), torch::kFloat64);
-  parallel_.world().all_reduce(peak, ReduceOp::kMax);
-  result.peak_activation_bytes = static_cast<int64_t>(peak.item<double>());
+  torch::Tensor peaks = torch::tensor({static_cast<double>(step_memory_.activation_bytes()),
+                                       static_cast<double>(step_memory_.kept_bytes())},
+                                      torch::kFloat64);
+  parallel_.world().all_reduce(peaks, ReduceOp::kMax);
+  result.peak_activation_bytes = static_cast<int64_t>(peaks[0].item<double>());
+  result.step_kept_bytes = static_cast<int64_t>(peaks[1].item<double>());
   result.rerun_seconds = stage_.rerun_clock->seconds();
   if (stage_.context_parallel) result.ring_bytes = stage_.context_parallel->bytes_passed();
   result.param_digest = state_->finish_model(config_.loop.steps);

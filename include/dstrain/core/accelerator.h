@@ -70,6 +70,8 @@ int64_t peak_allocated_bytes(const torch::Device& device);
 // the window's peak is then read without waiting for the GPU. 0 on the CPU.
 int64_t begin_device_peak_window(const torch::Device& device);
 int64_t device_peak_window_bytes(const torch::Device& device);
+// The bytes a GPU's tensors hold now, without waiting for it. 0 on the CPU.
+int64_t device_allocated_bytes(const torch::Device& device);
 
 // A point in the work queued on a device, to measure intervals of it without waiting for it: on a
 // GPU a CUDA event (it takes its time when the kernels queued before it have run), on the CPU,

@@ -21,10 +21,16 @@ class StepMemoryMeter {
   void end_step();
   // The largest step's bytes above its start so far; 0 before a step ends.
   int64_t peak_bytes() const { return peak_; }
+  // A training step's activations: as peak_bytes, but above what the step kept past its end where
+  // that is more. What it made to keep (the FP8 weight copies of the first step, LibTorch's buffers
+  // made once) was there at its peak too, but is no activation.
+  int64_t activation_bytes() const { return activations_; }
+  // The most a step kept past its end above its start.
+  int64_t kept_bytes() const { return kept_; }
 
  private:
   torch::Device device_;
-  int64_t start_ = 0, peak_ = 0;
+  int64_t start_ = 0, peak_ = 0, activations_ = 0, kept_ = 0;
 };
 
 }  // namespace dstrain::accel

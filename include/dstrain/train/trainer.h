@@ -21,9 +21,12 @@ struct TrainResult {
   double tokens_per_s = 0.0;
   double mfu = 0.0;               // 0 when the device's peak is unknown
   int64_t peak_memory_bytes = 0;  // GPU: the caching allocator's peak; CPU: peak resident memory
-  // The most a training step held in tensors above what it started with: its activations and
-  // temporaries (core/step_memory.h); 0 when no step ran.
+  // The most a training step held in tensors above what it started with (or kept past its end):
+  // its activations and temporaries (core/step_memory.h); 0 when no step ran.
   int64_t peak_activation_bytes = 0;
+  // The most a step kept past its end: the FP8 weight copies (model/fp8_weight_cache.h) made in
+  // the first step, and what LibTorch allocates once. The largest rank's.
+  int64_t step_kept_bytes = 0;
   // Host seconds this rank spent rerunning recomputed parts in backward passes (model/recompute.h).
   double rerun_seconds = 0;
   // Context parallelism: the bytes this rank passed around the cp ring, over the steps this process
