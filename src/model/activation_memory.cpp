@@ -8,10 +8,23 @@
 namespace dstrain {
 namespace {
 
+// An RMSNorm computed op by op on 16-bit activations also keeps the fp32 copy of its input that it
+// normalises (compat::rms_norm): an element more for each of its input's.
+double norm_input_copy(const ActivationMemoryOptions& o) {
+  return !o.fused.rms_norm && o.element_bytes < 4 ? 1.0 : 0.0;
+}
+
+// What an RMSNorm keeps besides its output (which the product after it keeps): fused its input; op
+// by op also its normalised values, and on 16-bit activations its input as an fp32 copy.
+double norm_elements_besides_output(const ActivationMemoryOptions& o) {
+  return o.fused.rms_norm ? 1.0 : 2.0 + norm_input_copy(o);
+}
+
 // MLA's latents: the query's with its norm (input, normalised, output), the key-value latent with
 // its norm and the rope part.
-double mla_latent_elements(const ModelConfig& c) {
-  return 3.0 * static_cast<double>(c.q_lora_rank) + 4.0 * static_cast<double>(c.kv_lora_rank) +
+double mla_latent_elements(const ModelConfig& c, const ActivationMemoryOptions& o) {
+  const double norm = norm_input_copy(o);
+  return (3.0 + norm) * static_cast<double>(c.q_lora_rank) + (4.0 + norm) * static_cast<double>(c.kv_lora_rank) +
          static_cast<double>(c.qk_rope_head_dim);
 }
 
@@ -28,7 +41,7 @@ double ring_attention_elements(const ModelConfig& c, const ActivationMemoryOptio
   const double qk = static_cast<double>(c.qk_head_dim()), v = static_cast<double>(c.value_head_dim());
   const double passed = o.context_parallel_latent ? static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim)
                                                   : heads * (qk + v);
-  return mla_latent_elements(c) + heads * (qk + 2.0 * v) + passed + lse;
+  return mla_latent_elements(c, o) + heads * (qk + 2.0 * v) + passed + lse;
 }
 
 // Attention, MHA/GQA: the rotated queries, the keys and values repeated to every head, the
@@ -41,7 +54,10 @@ double ring_attention_elements(const ModelConfig& c, const ActivationMemoryOptio
 double attention_elements(const ModelConfig& c, bool selective, const ActivationMemoryOptions& o) {
   if (o.context_parallel > 1) return ring_attention_elements(c, o);
   const double heads = static_cast<double>(c.num_heads);
-  const double probabilities = heads * static_cast<double>(o.seq_len) * 4.0 / o.element_bytes;
+  // Unfused, 16-bit activations keep the fp32 probabilities (softmax's) and their 16-bit copy
+  // (the product with the values'): compat::causal_attention_probabilities.
+  const double copy = o.element_bytes < 4 ? 1.0 : 0.0;
+  const double probabilities = heads * static_cast<double>(o.seq_len) * (4.0 / o.element_bytes + copy);
   const double scores = o.fused.attention ? heads : selective ? 0.0 : probabilities;
   if (!c.is_mla()) return 4.0 * heads * static_cast<double>(c.head_dim()) + scores;
   const double q_lora = static_cast<double>(c.q_lora_rank), kv_lora = static_cast<double>(c.kv_lora_rank);
@@ -51,7 +67,7 @@ double attention_elements(const ModelConfig& c, bool selective, const Activation
     return query_input + kv_lora + rope + heads * c.value_head_dim() + scores;
   }
   // MLA: per head the query and key (qk), the value and the output (v).
-  return mla_latent_elements(c) + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
+  return mla_latent_elements(c, o) + heads * (2.0 * c.qk_head_dim() + 2.0 * c.value_head_dim()) + scores;
 }
 
 // The MLP: SwiGLU keeps gate, up, silu(gate) and their product (4 × intermediate). DeepSeekMoE:
@@ -68,7 +84,8 @@ double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const A
   if (!c.is_moe_layer(layer)) return swiglu * static_cast<double>(c.intermediate_size);
   const double k = static_cast<double>(c.num_experts_per_tok), h = static_cast<double>(c.hidden_size);
   const double per_copy = (o.tokens_exchanged ? 4.0 : 2.0) * h + swiglu * static_cast<double>(c.moe_intermediate_size);
-  return 3.0 * static_cast<double>(c.n_routed_experts) + k * per_copy +
+  const double router = 3.0 * static_cast<double>(c.n_routed_experts) * 4.0 / o.element_bytes;  // fp32
+  return router + k * per_copy +
          swiglu * static_cast<double>(c.n_shared_experts * c.moe_intermediate_size);
 }
 
@@ -78,16 +95,26 @@ double mlp_elements(const ModelConfig& c, int64_t layer, bool selective, const A
 // parameters, the head weight's gradient (fp32 parameters have it added straight into their fp32
 // gradient: linear_cross_entropy.cpp); as the embedding's backward pass ends (the last of a
 // stage's) the embedding weight's gradient, made whole before it is added to the parameter's.
+// At both moments of the head, each head's final norm and input (that of the multi-token
+// prediction modules' too, with their two input norms), which their backward passes free.
 double head_and_embedding_bytes(const ModelConfig& c, const LayerSlice& slice, const ActivationMemoryOptions& o) {
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
   const double vocab = static_cast<double>(c.vocab_size) / static_cast<double>(o.tensor_parallel);  // a rank's shard
-  const double weight_gradient = vocab * static_cast<double>(c.hidden_size) * static_cast<double>(o.element_bytes);
+  const double h = static_cast<double>(c.hidden_size);
+  const double weight_gradient = vocab * h * static_cast<double>(o.element_bytes);
   const double head_weight_gradient = o.element_bytes == 4 ? 0.0 : weight_gradient;
   const double logits = tokens * vocab * static_cast<double>(o.element_bytes);
+  const double held_h = o.sequence_parallel ? h / static_cast<double>(o.tensor_parallel) : h;
+  const double norm = norm_elements_besides_output(o), modules = static_cast<double>(c.num_nextn_predict_layers);
+  const double heads = ((1.0 + 3.0 * modules) * norm * held_h + (1.0 + modules) * h) * tokens * o.element_bytes;
   double bytes = 0;
+  // A chunk's fp32 log-probabilities; from 16-bit logits, where the loss has no kernel that reads
+  // them as they are, after an fp32 copy of the chunk.
+  const double chunks = o.element_bytes < 4 && !o.fused.loss ? 2.0 : 1.0;
   if (slice.has_head && o.forward_ended)
-    bytes = std::max(bytes, logits + std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4);
-  if (slice.has_head && o.backward_starting) bytes = std::max(bytes, logits + head_weight_gradient);
+    bytes = std::max(bytes, heads + logits +
+                                chunks * std::min(tokens * vocab, static_cast<double>(kLossChunkElements)) * 4);
+  if (slice.has_head && o.backward_starting) bytes = std::max(bytes, heads + logits + head_weight_gradient);
   if (slice.has_embedding && o.backward_ended) bytes = std::max(bytes, weight_gradient);
   return bytes;
 }
@@ -112,9 +139,10 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   // also its normalised values and one more intermediate: 4 × hidden a norm, as measured on the
   // CPU (the 1B preset on an H200 kept 4 × hidden a layer less fused). Under selective
   // recomputation, either way, each keeps its input only.
+  // Op by op on 16-bit activations, each keeps the fp32 copy of its input besides (norm_input_copy).
   const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
-  const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0;
+  const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0 + 2.0 * norm_input_copy(o);
   const double split_layers = attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
   if (o.tensor_parallel == 1) return norms * h + split_layers;
   // The attention's and the MLP's inputs are kept as they enter: the whole sequence without

@@ -130,8 +130,8 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
 
 FusedOperations fused_operations(const TrainConfig& c) {
   const bool cuda = computes_on_gpu(c.loop.device);
-  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda,
-          cuda && cuda_kernels_built() && c.loop.cuda_kernels};
+  const bool own_kernels = cuda && cuda_kernels_built() && c.loop.cuda_kernels;
+  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda, own_kernels, own_kernels};
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {

@@ -156,10 +156,12 @@ TEST(MemoryPlan, TheEmbeddingsGradientComesAsABackwardPassEnds) {
   EXPECT_DOUBLE_EQ(stage_peak(c, 0, 1, 0, kBackwardEnded) - stage_peak(c, 0, 1, 0, kForwardEnded), embedding_gradient);
   EXPECT_DOUBLE_EQ(stage_peak(c, 0, 1, 0, kBackwardStarting), stage_peak(c, 0, 1, 0, kForwardEnded));
   // The last stage (no embedding) makes its head's logits' gradient and weight gradient as a
-  // backward pass starts, and nothing besides as one ends.
+  // backward pass starts, and nothing besides as one ends; its heads' final norms and inputs (and
+  // the MTP module's two input norms) are alive then: 4 norms op by op in bf16, each keeping its
+  // input's fp32 copy and its normalised values (3 elements of hidden 32), and the 2 inputs.
   const double tokens = c.loop.micro_batch * c.loop.seq_len;
   EXPECT_DOUBLE_EQ(stage_peak(c, 1, 1, 0, kBackwardStarting) - stage_peak(c, 1, 1, 0, kBackwardEnded),
-                   tokens * 264 * 2 + embedding_gradient);
+                   tokens * 264 * 2 + embedding_gradient + (4 * 3 + 2) * 32 * tokens * 2);
 }
 
 // Full recomputation reruns the MTP module's layer too, which counts after the chunk's last one:
@@ -266,7 +268,11 @@ TEST(MemoryPlan, FusedNormsKeepTheirInputAndOutputOnly) {
   const double tokens = static_cast<double>(c.loop.micro_batch * c.loop.seq_len);
   const TrainConfig none = tiny_v3(1, 1, 0, {"--train.recompute", "none"});
   const double saved = plan_memory(none, {true, false}).activations - plan_memory(none, {true, true}).activations;
-  EXPECT_DOUBLE_EQ(saved, 4 * 4 * 32 * tokens * 2);  // the 3 layers and the MTP module's, in bf16
+  // The 3 layers and the MTP module's, in bf16, where op by op each norm also keeps an fp32 copy of
+  // its input: the two of hidden 32 and MLA's of the query (24) and key-value (16) latents; and at
+  // the head's moments its final norm, and the MTP module's final and two input norms, each
+  // keeping its input instead of the fp32 copy and the normalised values (2 elements fewer).
+  EXPECT_DOUBLE_EQ(saved, (4 * (4 * 32 + 2 * 32 + 24 + 16) + 4 * 2 * 32) * tokens * 2);
 }
 
 // dstrain's SwiGLU kernel keeps gate and up beside the product down_proj keeps: silu(gate) fewer,
@@ -285,4 +291,30 @@ TEST(MemoryPlan, TheFusedSwigluKeepsNoActivationBesidesGateAndUp) {
                            layer_activation_elements(c.model, layer, one_kernel),
                        mode == Recompute::kNone ? fewer[layer] : 0.0) << layer;
   }
+}
+
+// On 16-bit activations, what LibTorch computes op by op keeps fp32 copies besides: unfused
+// attention its fp32 probabilities and their bf16 copy (per head and token 4 + 2 bytes a key, not
+// 4), and the loss a chunk's fp32 copy of the logits beside its fp32 log-probabilities, where no
+// kernel reads the bf16 logits as they are (tiny-v3: 64 tokens, vocabulary 264, one chunk).
+TEST(MemoryPlan, SixteenBitActivationsCountTheFp32CopiesMadeOpByOp) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  ActivationMemoryOptions unfused, fused;
+  unfused.seq_len = fused.seq_len = 32;
+  unfused.element_bytes = fused.element_bytes = 2;
+  fused.fused.attention = true;
+  // Unfused: 4 heads × 32 keys × 3 elements; fused: a log-sum-exp (4 bytes, 2 elements) a head.
+  EXPECT_DOUBLE_EQ(layer_activation_elements(c.model, 0, unfused) - layer_activation_elements(c.model, 0, fused),
+                   4 * 32 * 3 - 4);
+  ActivationMemoryOptions copied;
+  copied.micro_batch = c.loop.micro_batch;
+  copied.seq_len = c.loop.seq_len;
+  copied.element_bytes = 2;
+  copied.backward_starting = copied.backward_ended = false;  // the forward pass's end alone
+  ActivationMemoryOptions read_as_they_are = copied;
+  read_as_they_are.fused.loss = true;
+  const std::vector<LayerSlice> whole = {LayerSlice::whole(c.model)};
+  EXPECT_DOUBLE_EQ(step_activation_bytes(c.model, whole, copied) -
+                       step_activation_bytes(c.model, whole, read_as_they_are),
+                   c.loop.micro_batch * c.loop.seq_len * 264 * 4);
 }

@@ -21,6 +21,7 @@ struct FusedOperations {
   bool attention = false;  // scaled-dot-product attention: no score matrix
   bool rms_norm = false;   // LibTorch's RMSNorm kernel: its input and output, nothing between
   bool swiglu = false;     // dstrain's SwiGLU kernel: gate and up, not silu(gate) besides
+  bool loss = false;       // dstrain's loss kernel: 16-bit logits read as they are, no fp32 copy
 };
 
 struct ActivationMemoryOptions {
