@@ -91,6 +91,7 @@ nlohmann::json info_json(const TrainConfig& config, int ranks, const MemoryPlan&
            {{"parameters", plan.parameters},
             {"gradients", plan.gradients},
             {"optimizer_state", plan.optimizer_state},
+            {"fp8_weight_copies", plan.fp8_weight_copies},
             {"activations", plan.activations},
             {"activations_by_recompute", by_recompute_name(plan.activations_by_recompute)},
             {"total", plan.total()}}}};
@@ -112,14 +113,15 @@ void print_info(const TrainConfig& config, int ranks, const MemoryPlan& plan) {
               config.parallel.dp, config.parallel.pp, ep.c_str(), config.optim.zero == 1 ? ", ZeRO-1" : "",
               name_of(precision_names(), config.loop.precision).c_str(),
               static_cast<long long>(config.loop.micro_batch));
-  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s,\n",
+  const std::string fp8_copies =
+      config.loop.fp8 == Fp8Recipe::kNone ? "" : ", FP8 weight copies " + size_text(plan.fp8_weight_copies);
+  std::printf("memory per rank  parameters %s, gradients %s, optimizer state %s%s,\n",
               size_text(plan.parameters).c_str(), size_text(plan.gradients).c_str(),
-              size_text(plan.optimizer_state).c_str());
-  // FP8's kept inputs are not counted apart: with the emulation they cost more than they save
-  // (bench/RESULTS.md), so the bf16 figure is the closer one.
+              size_text(plan.optimizer_state).c_str(), fp8_copies.c_str());
   const std::string fp8 = config.loop.fp8 == Fp8Recipe::kNone
                               ? ""
-                              : "; train.fp8 = " + name_of(fp8_recipe_names(), config.loop.fp8) + " counted as bf16";
+                              : "; train.fp8 = " + name_of(fp8_recipe_names(), config.loop.fp8) +
+                                    ": the linear maps keep their inputs in FP8";
   std::printf(
       "                 activations %s at a step's peak (estimate for train.recompute = %s;\n"
       "                 none %s, selective %s, full %s%s%s); total %s\n",

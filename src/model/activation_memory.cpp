@@ -132,6 +132,34 @@ double ring_backward_bytes(const ModelConfig& c, const ActivationMemoryOptions& 
   return heads * (3.0 * qk + 4.0 * v) * tokens * 4.0 + 4.0 * block * 4.0;
 }
 
+// What FP8 changes of a layer's elements (fp8 in ActivationMemoryOptions), counted in elements of
+// o.element_bytes: an input only linear maps keep shrinks to a byte (and its scales: 4 bytes a
+// 128-element tile under blockwise); where something else keeps it too, the byte comes on top.
+// Kept by linear maps only: the normalised inputs of attention and of a dense MLP, MLA's normalised
+// latents, the SwiGLU products into down (of routed and shared experts too), the routed copies of
+// the tokens (those received, where exchanged); without fused attention o_proj's input. Kept
+// besides: the MoE layer's normalised input, which the router keeps in 16 bits, for the shared
+// experts; fused attention's output, of which o_proj's input is a view. Selective recomputation
+// and the emulation's fp32 operands, made while a product runs, are not counted apart.
+double fp8_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
+  if (o.fp8 == Fp8Recipe::kNone) return 0;
+  const double byte = (1.0 + (o.fp8 == Fp8Recipe::kBlockwise ? 4.0 / kFp8TileEdge : 0.0)) / o.element_bytes;
+  const double h = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_heads);
+  const double attention_output = heads * static_cast<double>(c.is_mla() ? c.value_head_dim() : c.head_dim());
+  double shrunk = o.fused.attention ? 0.0 : attention_output, added = o.fused.attention ? attention_output : 0.0;
+  shrunk += h;  // attention's normalised input
+  if (c.is_mla()) shrunk += static_cast<double>(c.q_lora_rank + c.kv_lora_rank);
+  if (!c.is_moe_layer(layer)) {
+    shrunk += h + static_cast<double>(c.intermediate_size);
+  } else {
+    const double expert = static_cast<double>(c.moe_intermediate_size);
+    shrunk += static_cast<double>(c.num_experts_per_tok) * (h + expert) +
+              static_cast<double>(c.n_shared_experts) * expert;
+    if (c.n_shared_experts > 0) added += h;
+  }
+  return shrunk * (byte - 1.0) + added * byte;
+}
+
 }  // namespace
 
 double layer_activation_elements(const ModelConfig& c, int64_t layer, const ActivationMemoryOptions& o) {
@@ -143,7 +171,8 @@ double layer_activation_elements(const ModelConfig& c, int64_t layer, const Acti
   const bool selective = o.recompute.mode == Recompute::kSelective;
   const double h = static_cast<double>(c.hidden_size);
   const double norms = selective ? 2.0 : o.fused.rms_norm ? 4.0 : 8.0 + 2.0 * norm_input_copy(o);
-  const double split_layers = attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o);
+  const double split_layers = attention_elements(c, selective, o) + mlp_elements(c, layer, selective, o) +
+                              (selective ? 0.0 : fp8_elements(c, layer, o));
   if (o.tensor_parallel == 1) return norms * h + split_layers;
   // The attention's and the MLP's inputs are kept as they enter: the whole sequence without
   // sequence parallelism, a rank's part with it (the projections gather it again in the backward

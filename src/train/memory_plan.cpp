@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "dstrain/core/accelerator.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
 #include "dstrain/core/torch_compat.h"
@@ -12,6 +13,7 @@
 #include "dstrain/model/activation_memory.h"
 #include "dstrain/model/cuda_kernels.h"
 #include "dstrain/model/flops.h"
+#include "dstrain/model/fp8_matmul.h"
 #include "dstrain/model/parameter_shapes.h"
 #include "dstrain/pipeline/partition.h"
 #include "dstrain/pipeline/schedule.h"
@@ -39,6 +41,60 @@ MemoryPlan state_memory(const TrainConfig& c, const ParallelGrid& grid, const St
   return plan;
 }
 
+// Whether parameter `name` is a weight the FP8 products quantize (model/projection.h's
+// layer_projection, the routed experts' stacks): a decoder layer's linear maps, not its router,
+// nor a multi-token prediction module's eh_proj.
+bool quantized_for_fp8(const std::string& name, const std::vector<int64_t>& shape) {
+  auto ends_with = [&name](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return parameter_layer(name) >= 0 && shape.size() >= 2 && !ends_with(".mlp.gate.weight") &&
+         !ends_with(".eh_proj.weight");
+}
+
+// The bytes of a weight [rows, columns] quantized in `tile` (fp8_quantization.h: 0 a whole
+// dimension): a byte an element and an fp32 scale a tile.
+double quantized_bytes(int64_t rows, int64_t columns, Fp8Tile tile) {
+  auto tiles = [](int64_t size, int64_t edge) { return edge > 0 ? (size + edge - 1) / edge : 1; };
+  return static_cast<double>(rows * columns + 4 * tiles(rows, tile.rows) * tiles(columns, tile.cols));
+}
+
+// A weight's FP8 copies under `recipe`: the forward product's, and the input gradient's where it
+// takes other tiles.
+double fp8_copy_bytes(int64_t rows, int64_t columns, Fp8Recipe recipe) {
+  const Fp8Tiling tiling = fp8_tiling(recipe);
+  const double forward = quantized_bytes(rows, columns, tiling.weight);
+  return tiling.weight == tiling.weight_for_input_grad
+             ? forward
+             : forward + quantized_bytes(rows, columns, tiling.weight_for_input_grad);
+}
+
+// The FP8 weight copies a rank of a stage holding `chunks` keeps (plan_memory). The grouped
+// kernel takes the routed experts' weights with rowwise scales where blockwise ones are asked for.
+double fp8_weight_copy_bytes(const TrainConfig& c, const ParallelGrid& grid, const std::vector<LayerSlice>& chunks,
+                             const FusedOperations& fused) {
+  if (c.loop.fp8 == Fp8Recipe::kNone) return 0;
+  const Fp8Recipe experts_recipe =
+      fused.fp8_grouped_experts && c.loop.fp8 == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : c.loop.fp8;
+  auto held = [&c, &chunks](int64_t layer) {
+    for (const LayerSlice& slice : chunks)
+      if ((layer >= slice.first && layer < slice.last) || (slice.has_head && layer >= c.model.num_layers)) return true;
+    return false;
+  };
+  const int64_t tp = grid.size(Group::kTp), ep = grid.size(Group::kEp);
+  double bytes = 0;
+  for (const auto& [name, shape] : parameter_shapes(c.model)) {
+    if (!quantized_for_fp8(name, shape) || !held(parameter_layer(name))) continue;
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      bytes += fp8_copy_bytes(shape[0], shape[1], experts_recipe) / static_cast<double>(ep);
+      continue;
+    }
+    const int64_t split = tensor_parallel_dim(name);  // a rank's block of rows or columns
+    bytes += fp8_copy_bytes(split == 0 ? shape[0] / tp : shape[0], split == 1 ? shape[1] / tp : shape[1], c.loop.fp8);
+  }
+  return bytes;
+}
+
 ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelGrid& grid,
                                            const FusedOperations& fused) {
   ActivationMemoryOptions o;
@@ -47,6 +103,7 @@ ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelG
   o.context_parallel_latent = c.parallel.cp_latent;
   o.seq_len = c.loop.seq_len / o.context_parallel;  // a rank's chunks
   o.element_bytes = static_cast<int64_t>(element_bytes(c.loop.precision));
+  o.fp8 = c.loop.fp8;
   o.fused = fused;
   o.tokens_exchanged = grid.size(Group::kEp) > 1;
   o.tensor_parallel = grid.size(Group::kTp);
@@ -131,7 +188,8 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
 FusedOperations fused_operations(const TrainConfig& c) {
   const bool cuda = computes_on_gpu(c.loop.device);
   const bool own_kernels = cuda && cuda_kernels_built() && c.loop.cuda_kernels;
-  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda, own_kernels, own_kernels};
+  const bool hopper = cuda && fp8_matmul_built() && accel::compute_capability(0) / 10 == 9;
+  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda, own_kernels, own_kernels, hopper};
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
@@ -147,11 +205,13 @@ MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
     std::vector<LayerSlice> mine;
     for (int chunk = 0; chunk < chunks; ++chunk)
       mine.push_back(slices[static_cast<size_t>(schedule.virtual_stage(stage, chunk))]);
-    const MemoryPlan state = state_memory(c, grid, stage_parameters(c.model, mine));
-    if (state.total() > plan.parameters + plan.gradients + plan.optimizer_state) {
+    MemoryPlan state = state_memory(c, grid, stage_parameters(c.model, mine));
+    state.fp8_weight_copies = fp8_weight_copy_bytes(c, grid, mine, fused);
+    if (state.state() > plan.state()) {
       plan.parameters = state.parameters;
       plan.gradients = state.gradients;
       plan.optimizer_state = state.optimizer_state;
+      plan.fp8_weight_copies = state.fp8_weight_copies;
     }
     for (const auto& [name, mode] : recompute_names()) {
       const bool configured = mode == c.loop.recompute;
@@ -167,14 +227,15 @@ MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
 }
 
 void require_state_fits(const MemoryPlan& plan, int ranks_sharing, int64_t memory_bytes, const std::string& memory) {
-  const double state = plan.parameters + plan.gradients + plan.optimizer_state;
+  const double state = plan.state();
   if (memory_bytes <= 0 || state * ranks_sharing <= static_cast<double>(memory_bytes)) return;
   const std::string shared =
       ranks_sharing == 1 ? ", and " + memory + " has "
                          : ", " + format_bytes(state * ranks_sharing) + " for the " + std::to_string(ranks_sharing) +
                                " ranks that share " + memory + ", which has ";
   throw Error(ExitCode::kOutOfMemory,
-              "out of memory before the start: a rank's parameters, gradients and optimizer state take " +
+              "out of memory before the start: a rank's parameters, gradients and optimizer state" +
+                  std::string(plan.fp8_weight_copies > 0 ? " with its FP8 weight copies" : "") + " take " +
                   format_bytes(state) + " (`dstrain model info` plans them)" + shared +
                   format_bytes(static_cast<double>(memory_bytes)) +
                   "; spread the layers over more pipeline stages (parallel.pp), split the routed experts "

@@ -318,3 +318,54 @@ TEST(MemoryPlan, SixteenBitActivationsCountTheFp32CopiesMadeOpByOp) {
                        step_activation_bytes(c.model, whole, read_as_they_are),
                    c.loop.micro_batch * c.loop.seq_len * 264 * 4);
 }
+
+// FP8 (train.fp8) keeps a linear map's input in a byte (blockwise: and a 4-byte scale a 128-element
+// tile) where only linear maps keep it; beside the bf16 one where something else does. By hand for
+// tiny-v3 (hidden 32), counted in bf16 elements a token:
+//   layer 0 (dense): attention's normalised input 32, MLA's query and key-value latents 24 + 16,
+//     o_proj's input 4 heads × 8 (unfused attention keeps none of it), the MLP's normalised input
+//     32 and SwiGLU product 64: 200 elements at half their bytes;
+//   layer 1 (MoE): the same attention's 104, each of 2 routed copies' input 32 and product 16, the
+//     shared expert's product 16 (216 at half), and a byte for the shared expert's copy of the
+//     normalised input, which the router keeps in bf16 (32 at half a bf16 element);
+//   fused attention keeps its output, of which o_proj's input is a view: 32 more on top.
+TEST(MemoryPlan, Fp8KeepsTheLinearMapsInputsInAByte) {
+  const TrainConfig c = tiny_v3(1, 1, 0);
+  auto change = [&](int64_t layer, Fp8Recipe recipe, bool fused_attention, Recompute mode) {
+    ActivationMemoryOptions bf16;
+    bf16.element_bytes = 2;
+    bf16.fused.attention = fused_attention;
+    bf16.recompute = {mode, 0};
+    ActivationMemoryOptions fp8 = bf16;
+    fp8.fp8 = recipe;
+    return layer_activation_elements(c.model, layer, fp8) - layer_activation_elements(c.model, layer, bf16);
+  };
+  EXPECT_DOUBLE_EQ(change(0, Fp8Recipe::kTensorwise, false, Recompute::kNone), -200 * 0.5);
+  EXPECT_DOUBLE_EQ(change(0, Fp8Recipe::kRowwise, false, Recompute::kNone), -200 * 0.5);
+  EXPECT_DOUBLE_EQ(change(0, Fp8Recipe::kBlockwise, false, Recompute::kNone), -200 * (1 - (1 + 4.0 / 128) / 2));
+  EXPECT_DOUBLE_EQ(change(1, Fp8Recipe::kTensorwise, false, Recompute::kNone), -216 * 0.5 + 32 * 0.5);
+  EXPECT_DOUBLE_EQ(change(0, Fp8Recipe::kTensorwise, true, Recompute::kNone), -168 * 0.5 + 32 * 0.5);
+  EXPECT_DOUBLE_EQ(change(1, Fp8Recipe::kTensorwise, false, Recompute::kSelective), 0);  // not counted apart
+}
+
+// The FP8 copies of the decoder layers' weights a rank keeps between steps, by hand for tiny-v3:
+// MLA 4,608 a layer (its 3 layers' and the MTP module's), the dense SwiGLU 6,144, and in each of
+// the 3 MoE layers the shared expert's 1,536 and 8 routed experts' 12,288: 66,048 elements, a
+// byte each; not the embedding, head, routers or eh_proj. Every weight here is one 128×128 block:
+// 104 weights, a 4-byte scale each. Rowwise quantizes each weight twice (a scale a row for the
+// forward product, a column for the input gradient): 2 × 66,048 bytes and 4 × (rows + columns)
+// summed over the weights, 5,472. With ep 2 a rank holds half of the routed experts.
+TEST(MemoryPlan, Fp8WeightCopiesAreAByteForEachDecoderLayerWeight) {
+  auto copies = [](int ranks, int ep, const std::string& recipe) {
+    return plan_memory(tiny_v3(ranks, ep, 0, {"--train.fp8", recipe}), {});
+  };
+  EXPECT_DOUBLE_EQ(copies(1, 1, "none").fp8_weight_copies, 0);
+  const MemoryPlan blockwise = copies(1, 1, "blockwise");
+  EXPECT_DOUBLE_EQ(blockwise.fp8_weight_copies, 66048 + 104 * 4);
+  EXPECT_DOUBLE_EQ(blockwise.state(), blockwise.parameters + blockwise.gradients + blockwise.optimizer_state +
+                                          blockwise.fp8_weight_copies);
+  EXPECT_DOUBLE_EQ(copies(1, 1, "tensorwise").fp8_weight_copies, 66048 + 104 * 4);
+  EXPECT_DOUBLE_EQ(copies(1, 1, "rowwise").fp8_weight_copies, 2 * 66048 + 4 * 5472);
+  const double routed = 3 * 8 * (3 * 32 * 16 + 3 * 4);  // elements and a scale each, of 24 experts' weights
+  EXPECT_DOUBLE_EQ(copies(2, 2, "blockwise").fp8_weight_copies, 66048 + 104 * 4 - routed / 2);
+}

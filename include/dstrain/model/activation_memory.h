@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dstrain/model/fp8_recipe.h"
 #include "dstrain/model/layer_slice.h"
 #include "dstrain/model/model_config.h"
 #include "dstrain/model/recompute.h"
@@ -22,11 +23,18 @@ struct FusedOperations {
   bool rms_norm = false;   // LibTorch's RMSNorm kernel: its input and output, nothing between
   bool swiglu = false;     // dstrain's SwiGLU kernel: gate and up, not silu(gate) besides
   bool loss = false;       // dstrain's loss kernel: 16-bit logits read as they are, no fp32 copy
+  // The routed experts' FP8 products on LibTorch's grouped kernel (Hopper), which takes rowwise
+  // scales where blockwise ones are asked for (model/fp8_matmul.h).
+  bool fp8_grouped_experts = false;
 };
 
 struct ActivationMemoryOptions {
   int64_t micro_batch = 1, seq_len = 1;
   int64_t element_bytes = 4;  // of the activations: 4 (fp32) or 2 (bf16, fp16)
+  // train.fp8: the decoder layers' linear maps keep their inputs as E4M3 codes with their scales
+  // (model/fp8_projection.h), a byte an element, in place of the 16-bit input where nothing else
+  // keeps that; beside it where something does.
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
   RecomputePlan recompute;
   FusedOperations fused;
   // A pipeline stage's forward passes ahead of their backward; a fraction where a stage holds

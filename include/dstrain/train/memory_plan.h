@@ -16,8 +16,12 @@ namespace dstrain {
 // Bytes one rank holds.
 struct MemoryPlan {
   double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  // train.fp8: the decoder layers' weights quantized once a step and kept (model/fp8_weight_cache.h)
+  double fp8_weight_copies = 0;
   std::map<Recompute, double> activations_by_recompute;  // the step's peak, by train.recompute
-  double total() const { return parameters + gradients + optimizer_state + activations; }
+  // What a rank holds from the start of a step to its end, known exactly, unlike activations.
+  double state() const { return parameters + gradients + optimizer_state + fp8_weight_copies; }
+  double total() const { return state() + activations; }
 };
 
 // The parameters of a pipeline stage's model chunks: those every data-parallel rank holds (of
@@ -37,13 +41,15 @@ FusedOperations fused_operations(const TrainConfig& config);
 // split ones 1/tp) and 1/ep of the routed experts, their fp32 gradients, and their optimizer
 // state (fp32 moments, and fp32
 // masters unless the parameters are fp32), which ZeRO-1 shards over the ranks holding the same
-// parameters: the dp-cp group for the replicated part, the edp group for the experts. The state
+// parameters: the dp-cp group for the replicated part, the edp group for the experts; with
+// train.fp8 the FP8 copies of the decoder layers' weights held, a byte an element (two where the
+// recipe quantizes a weight in other tiles for the input gradient: rowwise), scales aside. The state
 // is that of the stage holding the most; the activations those of the stage whose step peaks
 // highest.
 MemoryPlan plan_memory(const TrainConfig& config, const FusedOperations& fused);
 
-// Before anything is allocated: the plan's parameters, gradients and optimizer state (held from
-// the start to the end, and known exactly, unlike activations) for each of `ranks_sharing` ranks
+// Before anything is allocated: the plan's state (parameters, gradients, optimizer state and FP8
+// weight copies) for each of `ranks_sharing` ranks
 // against the `memory_bytes` of `memory` they share. Throws Error(kOutOfMemory) naming all three
 // and what needs less: on the CPU Linux grants a larger request and kills the process without a
 // word once it touches what is not there; on a GPU the run would fail only once built. A memory
