@@ -50,9 +50,10 @@ base = json.load(open(sys.argv[5]))
 kernel = sys.argv[6] if r["fp8_kernel"] else "none"
 mib = 2 ** 20
 kept = (r["step_kept_bytes"] - base["step_kept_bytes"]) / mib
-print(f"{sys.argv[3]:<6} {sys.argv[4]:<11} {r['tokens_per_s']:10.0f} {r['tokens_per_s'] / base['tokens_per_s']:7.3f} "
-      f"{r['peak_memory_bytes'] / mib:7.0f} MiB {r['peak_activation_bytes'] / mib:9.1f} ({plan['activations'] / mib:9.1f}) "
-      f"{kept:9.1f} ({plan['fp8_weight_copies'] / mib:9.1f}) MiB ({kernel})")
+speed = r["tokens_per_s"] / base["tokens_per_s"]
+print(f"{sys.argv[3]:<6} {sys.argv[4]:<11} {r['tokens_per_s']:10.0f} {speed:7.3f} "
+      f"{r['peak_memory_bytes'] / mib:7.0f} MiB {r['peak_activation_bytes'] / mib:9.1f} "
+      f"({plan['activations'] / mib:9.1f}) {kept:9.1f} ({plan['fp8_weight_copies'] / mib:9.1f}) MiB ({kernel})")
 PY
 }
 for recipe in none tensorwise rowwise blockwise; do run "${names[0]}" "$recipe" "${first[@]}"; done
