@@ -100,14 +100,10 @@ TEST(Fp8Training, NeedsBf16) {
   EXPECT_NE(run.output.find("train.precision is fp32"), std::string::npos) << run.output;
 }
 
-// What `dstrain model info` plans for each recipe against what `bench step` measures on the CPU:
-// the step's activations within 15% (the linear maps' inputs kept in FP8), for a dense and a
-// DeepSeek-V3-shaped model large enough that their tensors, not LibTorch's buffers, make the peak
-// (hidden 256, seq 256; the tiny models' hidden 32 is a quarter of a 128-element tile); and the
-// FP8 weight copies, which the first step makes and keeps, within 10% of what a step keeps beyond
-// bf16's (the tiny models: every expert gets rows there).
 namespace {
 
+// `model info`'s plan of a step's activations and FP8 weight copies, and what one `bench step`
+// measured of them (its activations, and what the step kept past its end).
 struct PlannedAndMeasured {
   double activations, weight_copies, measured_activations, measured_kept;
 };
@@ -136,6 +132,12 @@ PlannedAndMeasured plan_and_measure(const std::vector<std::string>& model, const
 
 }  // namespace
 
+// What `dstrain model info` plans for each recipe against what `bench step` measures on the CPU:
+// the step's activations within 15% (the linear maps' inputs kept in FP8), for a dense and a
+// DeepSeek-V3-shaped model large enough that their tensors, not LibTorch's buffers, make the peak
+// (hidden 256, seq 256; the tiny models' hidden 32 is a quarter of a 128-element tile); and the
+// FP8 weight copies, which the first step makes and keeps, within 10% of what a step keeps beyond
+// bf16's (the tiny models: every expert gets rows there).
 TEST(Fp8Training, ModelInfoPlansTheMeasuredActivationsAndWeightCopies) {
   const std::string input = std::string(DSTRAIN_SOURCE_DIR) + "/input/";
   const std::vector<std::string> shape = {"--model.num_layers", "2", "--model.hidden_size", "256",
