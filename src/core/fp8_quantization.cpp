@@ -100,6 +100,10 @@ Fp8Tensor fp8_quantize(const torch::Tensor& x, Fp8Tile tile) {
   return {compat::to_e4m3(untiled(quotient, x.size(0), x.size(1))), scales, tile};
 }
 
+int64_t fp8_quantized_bytes(int64_t rows, int64_t cols, Fp8Tile tile) {
+  return rows * cols + 4 * tiles(rows, extent(tile.rows, rows)) * tiles(cols, extent(tile.cols, cols));
+}
+
 torch::Tensor fp8_dequantize(const Fp8Tensor& q) {
   const int64_t rows = q.codes.size(0), cols = q.codes.size(1);
   const int64_t tile_rows = extent(q.tile.rows, rows), tile_cols = extent(q.tile.cols, cols);

@@ -170,6 +170,8 @@ torch::Tensor call_kernel(const Fp8Tensor& a, const Fp8Tensor& b, Form form) {
 
 bool fp8_matmul_built() { return kHasScaledMm; }
 
+bool fp8_grouped_kernel_on(int device) { return kHasScaledMm && accel::compute_capability(device) / 10 == 9; }
+
 std::string fp8_matmul_refusal(const Fp8Tensor& a, const Fp8Tensor& b) {
   if (!kHasScaledMm) return "this build's LibTorch (" TORCH_VERSION ") has no aten::_scaled_mm_v2 (2.10 and later)";
   if (!a.codes.is_cuda() || !b.codes.is_cuda()) return "the operands are not on a GPU";
@@ -195,8 +197,7 @@ torch::Tensor Fp8Matmul::operator()(const Fp8Tensor& a, const Fp8Tensor& b) {
 }
 
 bool Fp8Matmul::groups(const torch::Tensor& rows) const {
-  return kHasScaledMm && rows.is_cuda() && accel::compute_capability(rows.get_device()) / 10 == 9 &&
-         !grouped_refused_.load();
+  return rows.is_cuda() && fp8_grouped_kernel_on(rows.get_device()) && !grouped_refused_.load();
 }
 
 torch::Tensor Fp8Matmul::grouped(const std::vector<Fp8Tensor>& a, const std::vector<Fp8Tensor>& b) {

@@ -100,12 +100,6 @@ class Fp8Projection : public torch::autograd::Function<Fp8Projection> {
   }
 };
 
-// The recipe of the experts' products: the grouped kernel takes a scale a row at most, so under
-// blockwise the experts it computes take rowwise scales, the nearest it has.
-Fp8Recipe experts_recipe(Fp8Recipe recipe, bool grouped) {
-  return grouped && recipe == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : recipe;
-}
-
 // Each expert's a[e] · b[e]ᵀ into its rows of `out`: with `grouped` (the forward pass's
 // Fp8Matmul::groups) one grouped kernel where it takes the operands, else a product an expert
 // (b[e] is there for every expert with `grouped`, for those with rows without).

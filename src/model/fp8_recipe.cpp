@@ -28,4 +28,8 @@ Fp8Tiling fp8_tiling(Fp8Recipe recipe) {
   throw std::invalid_argument("fp8_tiling: train.fp8 = none has no tiling");
 }
 
+Fp8Recipe experts_recipe(Fp8Recipe recipe, bool grouped) {
+  return grouped && recipe == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : recipe;
+}
+
 }  // namespace dstrain

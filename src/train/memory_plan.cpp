@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "dstrain/core/accelerator.h"
+#include "dstrain/ckpt/hf_fp8.h"
 #include "dstrain/core/error.h"
 #include "dstrain/core/text.h"
 #include "dstrain/core/torch_compat.h"
@@ -41,58 +41,48 @@ MemoryPlan state_memory(const TrainConfig& c, const ParallelGrid& grid, const St
   return plan;
 }
 
-// Whether parameter `name` is a weight the FP8 products quantize (model/projection.h's
-// layer_projection, the routed experts' stacks): a decoder layer's linear maps, not its router,
-// nor a multi-token prediction module's eh_proj.
-bool quantized_for_fp8(const std::string& name, const std::vector<int64_t>& shape) {
-  auto ends_with = [&name](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return parameter_layer(name) >= 0 && shape.size() >= 2 && !ends_with(".mlp.gate.weight") &&
-         !ends_with(".eh_proj.weight");
-}
-
-// The bytes of a weight [rows, columns] quantized in `tile` (fp8_quantization.h: 0 a whole
-// dimension): a byte an element and an fp32 scale a tile.
-double quantized_bytes(int64_t rows, int64_t columns, Fp8Tile tile) {
-  auto tiles = [](int64_t size, int64_t edge) { return edge > 0 ? (size + edge - 1) / edge : 1; };
-  return static_cast<double>(rows * columns + 4 * tiles(rows, tile.rows) * tiles(columns, tile.cols));
+// The sum of `by_layer` over the decoder layers a stage holding `chunks` has: its slices' layers,
+// and with the head the multi-token prediction modules' (numbered after the last).
+double over_layers_held(const ModelConfig& m, const std::vector<LayerSlice>& chunks,
+                        std::map<int64_t, double>& by_layer) {
+  double sum = 0;
+  for (const LayerSlice& slice : chunks) {
+    for (int64_t layer = slice.first; layer < slice.last; ++layer) sum += by_layer[layer];
+    if (slice.has_head)
+      for (int64_t depth = 0; depth < m.num_nextn_predict_layers; ++depth) sum += by_layer[m.num_layers + depth];
+  }
+  return sum;
 }
 
 // A weight's FP8 copies under `recipe`: the forward product's, and the input gradient's where it
-// takes other tiles.
+// takes other tiles (model/fp8_weight_cache.h keeps both).
 double fp8_copy_bytes(int64_t rows, int64_t columns, Fp8Recipe recipe) {
   const Fp8Tiling tiling = fp8_tiling(recipe);
-  const double forward = quantized_bytes(rows, columns, tiling.weight);
+  const double forward = static_cast<double>(fp8_quantized_bytes(rows, columns, tiling.weight));
   return tiling.weight == tiling.weight_for_input_grad
              ? forward
-             : forward + quantized_bytes(rows, columns, tiling.weight_for_input_grad);
+             : forward + static_cast<double>(fp8_quantized_bytes(rows, columns, tiling.weight_for_input_grad));
 }
 
-// The FP8 weight copies a rank of a stage holding `chunks` keeps (plan_memory). The grouped
-// kernel takes the routed experts' weights with rowwise scales where blockwise ones are asked for.
+// The FP8 weight copies a rank of a stage holding `chunks` keeps (plan_memory): of the weights
+// DeepSeek's FP8 layout holds in FP8 (ckpt/hf_fp8.h), which are those FP8 training quantizes.
 double fp8_weight_copy_bytes(const TrainConfig& c, const ParallelGrid& grid, const std::vector<LayerSlice>& chunks,
                              const FusedOperations& fused) {
   if (c.loop.fp8 == Fp8Recipe::kNone) return 0;
-  const Fp8Recipe experts_recipe =
-      fused.fp8_grouped_experts && c.loop.fp8 == Fp8Recipe::kBlockwise ? Fp8Recipe::kRowwise : c.loop.fp8;
-  auto held = [&c, &chunks](int64_t layer) {
-    for (const LayerSlice& slice : chunks)
-      if ((layer >= slice.first && layer < slice.last) || (slice.has_head && layer >= c.model.num_layers)) return true;
-    return false;
-  };
+  const Fp8Recipe experts = experts_recipe(c.loop.fp8, fused.fp8_grouped_experts);
   const int64_t tp = grid.size(Group::kTp), ep = grid.size(Group::kEp);
-  double bytes = 0;
+  std::map<int64_t, double> by_layer;
   for (const auto& [name, shape] : parameter_shapes(c.model)) {
-    if (!quantized_for_fp8(name, shape) || !held(parameter_layer(name))) continue;
+    if (!hf_fp8_quantizes(name, shape)) continue;
+    double& bytes = by_layer[parameter_layer(name)];
     if (name.find(".mlp.experts.") != std::string::npos) {
-      bytes += fp8_copy_bytes(shape[0], shape[1], experts_recipe) / static_cast<double>(ep);
+      bytes += fp8_copy_bytes(shape[0], shape[1], experts) / static_cast<double>(ep);
       continue;
     }
     const int64_t split = tensor_parallel_dim(name);  // a rank's block of rows or columns
     bytes += fp8_copy_bytes(split == 0 ? shape[0] / tp : shape[0], split == 1 ? shape[1] / tp : shape[1], c.loop.fp8);
   }
-  return bytes;
+  return over_layers_held(c.model, chunks, by_layer);
 }
 
 ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelGrid& grid,
@@ -162,10 +152,8 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
   for (const LayerSlice& slice : chunks) {
     if (slice.has_embedding) p.split += split[-1];
     if (slice.has_head) p.split += split[-2];
-    for (int64_t layer = slice.first; layer < slice.last; ++layer) p.split += split[layer];
-    if (slice.has_head)
-      for (int64_t depth = 0; depth < m.num_nextn_predict_layers; ++depth) p.split += split[m.num_layers + depth];
   }
+  p.split += over_layers_held(m, chunks, split);
   const double h = static_cast<double>(m.hidden_size), vocab = static_cast<double>(m.vocab_size);
   for (const LayerSlice& slice : chunks) {
     if (slice.has_embedding) p.replicated += vocab * h;
@@ -188,8 +176,8 @@ StageParameters stage_parameters(const ModelConfig& m, const std::vector<LayerSl
 FusedOperations fused_operations(const TrainConfig& c) {
   const bool cuda = computes_on_gpu(c.loop.device);
   const bool own_kernels = cuda && cuda_kernels_built() && c.loop.cuda_kernels;
-  const bool hopper = cuda && fp8_matmul_built() && accel::compute_capability(0) / 10 == 9;
-  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda, own_kernels, own_kernels, hopper};
+  return {compat::kHasFusedAttention, cuda && compat::kHasFusedRmsNormOnCuda, own_kernels, own_kernels,
+          cuda && fp8_grouped_kernel_on(0)};
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {

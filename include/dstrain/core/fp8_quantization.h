@@ -36,6 +36,8 @@ struct Fp8Tensor {
 
 // `x` (2-D, any floating type) quantized in tiles of `tile`.
 Fp8Tensor fp8_quantize(const torch::Tensor& x, Fp8Tile tile);
+// The bytes() of a [rows, cols] tensor quantized in tiles of `tile`, without quantizing one.
+int64_t fp8_quantized_bytes(int64_t rows, int64_t cols, Fp8Tile tile);
 // The float32 values `q` stands for.
 torch::Tensor fp8_dequantize(const Fp8Tensor& q);
 // `q` transposed, codes and scales (views): a quantization in r×c tiles becomes one in c×r tiles.

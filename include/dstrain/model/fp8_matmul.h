@@ -27,6 +27,8 @@ namespace dstrain {
 
 // Whether this build's LibTorch has the product.
 bool fp8_matmul_built();
+// Whether this build's LibTorch has the experts' grouped kernel for GPU `device` (Hopper).
+bool fp8_grouped_kernel_on(int device);
 // Why the product does not apply to a · bᵀ on this build and device: empty where it does.
 std::string fp8_matmul_refusal(const Fp8Tensor& a, const Fp8Tensor& b);
 

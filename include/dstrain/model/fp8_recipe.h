@@ -39,4 +39,9 @@ struct Fp8Tiling {
 // The tiling of `recipe` (not kNone).
 Fp8Tiling fp8_tiling(Fp8Recipe recipe);
 
+// The recipe the routed experts compute with: `recipe`, but where LibTorch's grouped kernel
+// computes them (`grouped`), which takes a scale a row at most, rowwise for blockwise, the nearest
+// it has (fp8_matmul.h).
+Fp8Recipe experts_recipe(Fp8Recipe recipe, bool grouped);
+
 }  // namespace dstrain
