@@ -64,14 +64,14 @@ double fp8_copy_bytes(int64_t rows, int64_t columns, Fp8Recipe recipe) {
              : forward + static_cast<double>(fp8_quantized_bytes(rows, columns, tiling.weight_for_input_grad));
 }
 
-// The FP8 weight copies a rank of a stage holding `chunks` keeps (plan_memory): of the weights
-// DeepSeek's FP8 layout holds in FP8 (ckpt/hf_fp8.h), which are those FP8 training quantizes.
-double fp8_weight_copy_bytes(const TrainConfig& c, const ParallelGrid& grid, const std::vector<LayerSlice>& chunks,
-                             const FusedOperations& fused) {
-  if (c.loop.fp8 == Fp8Recipe::kNone) return 0;
+// The FP8 weight copies a rank keeps of each decoder layer (plan_memory): of the weights DeepSeek's
+// FP8 layout holds in FP8 (ckpt/hf_fp8.h), which are those FP8 training quantizes.
+std::map<int64_t, double> fp8_weight_copies_by_layer(const TrainConfig& c, const ParallelGrid& grid,
+                                                     const FusedOperations& fused) {
+  std::map<int64_t, double> by_layer;
+  if (c.loop.fp8 == Fp8Recipe::kNone) return by_layer;
   const Fp8Recipe experts = experts_recipe(c.loop.fp8, fused.fp8_grouped_experts);
   const int64_t tp = grid.size(Group::kTp), ep = grid.size(Group::kEp);
-  std::map<int64_t, double> by_layer;
   for (const auto& [name, shape] : parameter_shapes(c.model)) {
     if (!hf_fp8_quantizes(name, shape)) continue;
     double& bytes = by_layer[parameter_layer(name)];
@@ -82,7 +82,7 @@ double fp8_weight_copy_bytes(const TrainConfig& c, const ParallelGrid& grid, con
     const int64_t split = tensor_parallel_dim(name);  // a rank's block of rows or columns
     bytes += fp8_copy_bytes(split == 0 ? shape[0] / tp : shape[0], split == 1 ? shape[1] / tp : shape[1], c.loop.fp8);
   }
-  return over_layers_held(c.model, chunks, by_layer);
+  return by_layer;
 }
 
 ActivationMemoryOptions activation_options(const TrainConfig& c, const ParallelGrid& grid,
@@ -188,13 +188,14 @@ MemoryPlan plan_memory(const TrainConfig& c, const FusedOperations& fused) {
   const Schedule schedule = make_schedule(c.pipeline.schedule, pp, chunks, static_cast<int>(c.loop.grad_accum));
   const std::vector<std::vector<ActivationMemoryOptions>> held =
       micro_batches_held(schedule, activation_options(c, grid, fused));
+  std::map<int64_t, double> fp8_copies = fp8_weight_copies_by_layer(c, grid, fused);
   MemoryPlan plan;
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<LayerSlice> mine;
     for (int chunk = 0; chunk < chunks; ++chunk)
       mine.push_back(slices[static_cast<size_t>(schedule.virtual_stage(stage, chunk))]);
     MemoryPlan state = state_memory(c, grid, stage_parameters(c.model, mine));
-    state.fp8_weight_copies = fp8_weight_copy_bytes(c, grid, mine, fused);
+    state.fp8_weight_copies = over_layers_held(c.model, mine, fp8_copies);
     if (state.state() > plan.state()) {
       plan.parameters = state.parameters;
       plan.gradients = state.gradients;
